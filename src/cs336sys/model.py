@@ -1,0 +1,166 @@
+"""The assignment-1 "basics" Transformer language model, and nothing else.
+
+Pre-norm blocks (RMSNorm), causal multi-head self-attention with RoPE, SwiGLU feed-forward,
+a final RMSNorm and an untied LM head; no biases; truncated-normal initialisation.
+Profiling, precision and parallelism are applied to this module from outside.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class Linear(nn.Module):
+    """y = x W^T without bias; W ~ N(0, 2/(d_in+d_out)) truncated at 3 sigma."""
+
+    def __init__(self, in_features: int, out_features: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        std = math.sqrt(2.0 / (in_features + out_features))
+        nn.init.trunc_normal_(self.weight, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.T
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
+        nn.init.trunc_normal_(self.weight, std=1.0, a=-3.0, b=3.0)
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        return self.weight[token_ids]
+
+
+class RMSNorm(nn.Module):
+    """Normalises in float32 whatever the input dtype, then returns the input dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        in_dtype = x.dtype
+        x = x.to(torch.float32)
+        rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x / rms * self.weight).to(in_dtype)
+
+
+def silu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(x)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device=device, dtype=dtype)
+        self.w2 = Linear(d_ff, d_model, device=device, dtype=dtype)
+        self.w3 = Linear(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(silu(self.w1(x)) * self.w3(x))
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates consecutive pairs (x[2i], x[2i+1]) by angle position * theta^(-2i/d)."""
+
+    def __init__(self, theta: float, d_k: int, max_seq_len: int, device=None):
+        super().__init__()
+        inv_freq = theta ** (-torch.arange(0, d_k, 2, device=device, dtype=torch.float32) / d_k)
+        angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+        x_even, x_odd = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return rotated.flatten(-2)
+
+
+def softmax(x: Tensor, dim: int) -> Tensor:
+    x = x - x.amax(dim=dim, keepdim=True)
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v, with positions where mask is False excluded."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return softmax(scores, dim=-1) @ v
+
+
+class CausalMultiHeadSelfAttention(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, max_seq_len: int, theta: float, device=None, dtype=None):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.d_head = d_model // num_heads
+        self.q_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.k_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.v_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.output_proj = Linear(d_model, d_model, device=device, dtype=dtype)
+        self.rope = RotaryEmbedding(theta, self.d_head, max_seq_len, device=device)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        *lead, seq, _ = x.shape
+        return x.view(*lead, seq, self.num_heads, self.d_head).transpose(-3, -2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        seq = x.shape[-2]
+        positions = torch.arange(seq, device=x.device)
+        q = self.rope(self._split_heads(self.q_proj(x)), positions)
+        k = self.rope(self._split_heads(self.k_proj(x)), positions)
+        v = self._split_heads(self.v_proj(x))
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
+        # Looked up at call time so that profiling can swap in an annotated version.
+        out = _attention(q, k, v, causal)
+        return self.output_proj(out.transpose(-3, -2).flatten(-2))
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, max_seq_len: int, theta: float,
+                 device=None, dtype=None):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.attn = CausalMultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, device, dtype)
+        self.ln2 = RMSNorm(d_model, device=device, dtype=dtype)
+        self.ffn = SwiGLU(d_model, d_ff, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int, num_heads: int,
+                 d_ff: int, rope_theta: float = 10000.0, device=None, dtype=None):
+        super().__init__()
+        self.context_length = context_length
+        self.token_embeddings = Embedding(vocab_size, d_model, device=device, dtype=dtype)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, context_length, rope_theta, device, dtype)
+            for _ in range(num_layers)
+        )
+        self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device=device, dtype=dtype)
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        if token_ids.shape[-1] > self.context_length:
+            raise ValueError(f"sequence length {token_ids.shape[-1]} exceeds context_length {self.context_length}")
+        x = self.token_embeddings(token_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))

@@ -1,0 +1,150 @@
+"""The one result schema: writing a point atomically, and reading a results tree into a DataFrame.
+
+A result file is JSON:
+    {"schema": 1, "problem": str, "settings": {...}, "status": "ok"|"oom"|"unsupported"|"error",
+     "reason": str|None, "metrics": {...}, "env": {...}}
+`settings` says exactly what was run; `metrics` holds what was measured (numbers, or lists of
+numbers such as every step's time); `env` is the hardware/software manifest of `environment()`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "unsupported", "error")
+
+
+@cache
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@cache
+def _static_environment() -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if env["gpu_count"]:
+        props = torch.cuda.get_device_properties(0)
+        env["gpu"] = props.name
+        env["gpu_memory_bytes"] = props.total_memory
+        env["device"] = "cuda"
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            env["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    else:
+        env.update(gpu=None, gpu_memory_bytes=None, device="cpu", driver=None,
+                   cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count())
+    return env
+
+
+def environment() -> dict[str, Any]:
+    """Hardware and software manifest, with the git commit and a UTC timestamp."""
+    return {**_static_environment(), "git_commit": _git_commit(),
+            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+
+
+def make_result(problem: str, settings: dict, metrics: dict | None = None, status: str = "ok",
+                reason: str | None = None) -> dict[str, Any]:
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {STATUSES}")
+    if status != "ok" and not reason:
+        raise ValueError(f"a result with status {status!r} needs a reason")
+    return {"schema": SCHEMA_VERSION, "problem": problem, "settings": settings, "status": status,
+            "reason": reason, "metrics": metrics or {}, "env": environment()}
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=False, default=_json_default)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_result(path: str | Path, problem: str, settings: dict, metrics: dict | None = None,
+                 status: str = "ok", reason: str | None = None) -> dict[str, Any]:
+    result = make_result(problem, settings, metrics, status, reason)
+    write_json_atomic(path, result)
+    return result
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    with open(path) as f:
+        data = json.load(f)
+    missing = {"schema", "problem", "settings", "status", "metrics", "env"} - set(data)
+    if missing:
+        raise ValueError(f"{path}: not a result file (missing {sorted(missing)})")
+    return data
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def load_results(paths: Iterable[str | Path] | str | Path, problem: str | None = None):
+    """Read result files (or every *.json under a directory) into one flat DataFrame.
+
+    Columns: problem, status, reason, path, then settings and metrics flattened (no prefix;
+    a metric that shares a setting's name becomes `metric_<name>`), then `env.<key>`.
+    """
+    import pandas as pd
+
+    if isinstance(paths, str | Path) and Path(paths).is_dir():
+        paths = sorted(Path(paths).rglob("*.json"))
+    elif isinstance(paths, str | Path):
+        paths = [paths]
+    rows = []
+    for p in paths:
+        r = read_result(p)
+        if problem is not None and r["problem"] != problem:
+            continue
+        row: dict[str, Any] = {"problem": r["problem"], "status": r["status"], "reason": r.get("reason"),
+                               "path": str(p)}
+        row.update(r["settings"])
+        for k, v in r["metrics"].items():
+            row[f"metric_{k}" if k in r["settings"] else k] = v
+        row.update({f"env.{k}": v for k, v in r["env"].items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
