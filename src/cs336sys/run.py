@@ -1,8 +1,10 @@
-"""Command line that Snakemake's experiment rules call: run a batch of points of one problem.
+"""Command line that the workflow's experiment rules call: run a batch of points of one problem.
 
-    python -m cs336sys.run PROBLEM --points '[{...}, ...]' --outputs a.json b.json ...
+    python -m cs336sys.run PROBLEM --function cs336sys.bench:run_point \
+        --points '[{...}, ...]' --outputs a.json b.json ...
 
-Each problem maps to a `run_point(settings) -> metrics` function, imported only when needed.
+`--function` names a `run_point(settings) -> metrics` function; it is imported only here, so each
+rule's code hash covers exactly the modules that function's module imports.
 """
 
 from __future__ import annotations
@@ -14,39 +16,25 @@ import sys
 
 from cs336sys.jobs import GpuRequired, run_points
 
-# problem -> "module:function". The module's import closure is what the workflow hashes to decide
-# whether this problem's results are stale (workflow/rules/common.smk, cs336sys.codehash).
-PROBLEMS: dict[str, str] = {
-    "benchmarking": "cs336sys.bench:run_point",
-    "warmup": "cs336sys.bench:run_warmup_point",
-    "mixed_precision_accumulation": "cs336sys.precision:run_accumulation_point",
-    "autocast_dtypes": "cs336sys.precision:run_autocast_dtypes_point",
-    "matmul_peak": "cs336sys.peak:run_point",
-    "pytorch_attention": "cs336sys.attention.bench:run_pytorch_attention_point",
-    "flash_benchmarking": "cs336sys.attention.bench:run_flash_point",
-    "flash_leaderboard": "cs336sys.attention.bench:run_leaderboard_point",
-}
 
-
-def resolve(problem: str):
-    try:
-        target = PROBLEMS[problem]
-    except KeyError:
-        raise SystemExit(f"unknown problem {problem!r}; known: {', '.join(PROBLEMS)}") from None
-    module, func = target.split(":")
+def resolve(target: str):
+    module, _, func = target.partition(":")
+    if not func:
+        raise SystemExit(f"--function must look like 'package.module:function', got {target!r}")
     return getattr(importlib.import_module(module), func)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cs336sys.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("problem", choices=sorted(PROBLEMS))
+    parser.add_argument("problem", help="the problem name recorded in each result")
+    parser.add_argument("--function", required=True, help="module:function computing one point's metrics")
     parser.add_argument("--points", required=True, help="JSON list of settings dicts, one per output")
     parser.add_argument("--outputs", nargs="+", required=True)
     args = parser.parse_args(argv)
     points = json.loads(args.points)
     try:
-        errors = run_points(args.problem, points, args.outputs, resolve(args.problem))
+        errors = run_points(args.problem, points, args.outputs, resolve(args.function))
     except GpuRequired as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3

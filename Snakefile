@@ -1,0 +1,25 @@
+# cs336sys: CS336 Assignment 2 (Systems and Parallelism), measured and written up.
+#   snakemake -c1 writeup/report.pdf                      # main grid (GPU results), renders the report
+#   snakemake -c1 --config grid=smoke writeup/report.pdf  # tiny CPU grid, everything under smoke/
+# See README.md; a result file's rule is in workflow/rules/<part>.smk, named after its directory.
+
+configfile: "config.yaml"
+
+
+include: "workflow/rules/common.smk"
+
+
+if config["grid"] == "smoke":
+
+    workdir: "smoke"
+
+
+include: "workflow/rules/benchmarking.smk"
+include: "workflow/rules/precision.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        "writeup/report.pdf",

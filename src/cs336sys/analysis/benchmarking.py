@@ -1,0 +1,223 @@
+"""Section: benchmarking (problem 1), bf16 autocast timings (4c), compiled model (8b), MFU, and
+the pipeline's own overhead."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from cs336sys.analysis.common import (
+    environment_summary,
+    read_benchmark_tsv,
+    results_frame,
+    save_figure,
+    save_table,
+    size_key,
+)
+
+MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
+
+
+def _cell(row) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    return f"{row['mean_ms']:.2f} ± {row['std_ms']:.2f}"
+
+
+def _sorted(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    return df.sort_values(list(cols), key=lambda s: size_key(s) if s.name == "size" else s)
+
+
+def _pivot_cells(df: pd.DataFrame, index: list[str], column: str) -> pd.DataFrame:
+    df = df.assign(cell=df.apply(_cell, axis=1))
+    wide = df.pivot_table(index=index, columns=column, values="cell", aggfunc="first").reset_index()
+    wide.columns.name = None
+    return _sorted(wide, *index)
+
+
+def build(paths: list[Path], out: Path) -> dict:
+    frame = results_frame(paths)
+    bench = frame[frame.problem == "benchmarking"].copy()
+    warm = frame[frame.problem == "warmup"].copy()
+    peak = frame[frame.problem == "matmul_peak"].copy()
+    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}}
+    peaks = {r["dtype"]: r["tflops"] for _, r in peak.iterrows() if r["status"] == "ok"}
+    ctx["peak_tflops"] = peaks
+
+    ok = bench[bench.status == "ok"].copy()
+    if not ok.empty:
+        ok["peak_tflops"] = ok["dtype"].map(peaks)
+        ok["mfu_pct"] = 100 * ok.achieved_tflops / ok.peak_tflops
+        ok["peak_memory_gib"] = ok.peak_memory_bytes / 2**30
+
+    # All points, numeric (CSV for reuse; also the appendix table).
+    cols = ["size", "context_length", "mode", "dtype", "compile", "status", "mean_ms", "std_ms", "median_ms",
+            "min_ms", "achieved_tflops", "mfu_pct", "peak_memory_gib"]
+    full = bench[["size", "context_length", "mode", "dtype", "compile", "status"]].join(
+        ok[[c for c in cols[6:] if c in ok]]) if not bench.empty else pd.DataFrame(columns=cols)
+    full = _sorted(full, "size", "context_length", "mode", "dtype", "compile")
+    ctx["tables"]["all_points"] = save_table(full, out, "all_points")
+
+    eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
+    ctx["context_lengths"] = sorted(int(c) for c in eager.context_length.unique()) if not eager.empty else []
+    ctx["sizes"] = sorted(bench["size"].unique(), key=lambda s: size_key(pd.Series([s]))[0]) \
+        if not bench.empty else []
+
+    # 1(b): mean ± std per size and mode, fp32 eager, per context length.
+    ctx["tables"]["timing"] = {}
+    for c in ctx["context_lengths"]:
+        sel = eager[(eager["dtype"] == "fp32") & (eager.context_length == c)]
+        wide = _pivot_cells(sel, ["size"], "mode").rename(columns=MODE_LABEL)
+        ctx["tables"]["timing"][c] = save_table(wide, out, f"timing_fp32_ctx{c}")
+
+    # 4(c): fp32 vs bf16 autocast.
+    ctx.update(_precision_speedups(ok, out, ctx))
+    # 8(b): eager vs compiled.
+    ctx.update(_compile_speedups(ok, bench, out, ctx))
+    # MFU for every train-step row.
+    train = ok[ok["mode"] == "train_step"] if not ok.empty else ok
+    if not train.empty:
+        mfu = _sorted(train[["size", "context_length", "dtype", "compile", "median_ms", "achieved_tflops",
+                             "peak_tflops", "mfu_pct"]], "size", "context_length", "dtype", "compile")
+        ctx["tables"]["mfu"] = save_table(mfu, out, "mfu", digits=1)
+        best = train.loc[train.mfu_pct.idxmax()]
+        ctx["best_mfu"] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
+                           "compile": best["compile"], "context_length": int(best.context_length)}
+    ctx["oom_points"] = [f"{r['size']} {MODE_LABEL[r['mode']]} {r['dtype']} {r['compile']} ctx {r['context_length']}"
+                         for _, r in bench[bench.status == "oom"].iterrows()]
+    ctx.update(_warmup(warm, out))
+    ctx.update(_overhead(paths, bench, warm, out))
+    if not ok.empty:
+        ctx["figures"]["times"] = _times_figure(ok, out)
+    return ctx
+
+
+def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
+    e = ok[ok["compile"] == "eager"] if not ok.empty else ok
+    if e.empty or not {"fp32", "bf16"} <= set(e["dtype"]):
+        return {}
+    wide = e.pivot_table(index=["size", "context_length", "mode"], columns="dtype", values="mean_ms").reset_index()
+    wide = wide.dropna(subset=["fp32", "bf16"])
+    wide["speedup"] = wide.fp32 / wide.bf16
+    wide = _sorted(wide, "size", "context_length", "mode")
+    wide.columns.name = None
+    table = wide.rename(columns={"fp32": "fp32 ms", "bf16": "bf16 autocast ms", "mode": "mode"})
+    md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "bf16_speedup")
+    c = max(ctx["context_lengths"])
+    at = wide[(wide.context_length == c) & (wide["mode"] == "train_step")]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    sizes = [s for s in ctx["sizes"] if s in set(wide["size"])]
+    width = 0.8 / 3
+    for i, mode in enumerate(MODE_LABEL):
+        sel = wide[(wide.context_length == c) & (wide["mode"] == mode)].set_index("size").reindex(sizes)
+        ax.bar([x + (i - 1) * width for x in range(len(sizes))], sel.speedup, width, label=MODE_LABEL[mode])
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set_xticks(range(len(sizes)), sizes)
+    ax.set_xlabel("model size")
+    ax.set_ylabel("fp32 time / bf16-autocast time (×)")
+    ax.set_title(f"bf16 autocast speed-up, context {c}")
+    ax.legend()
+    return {"tables_bf16": md, "figure_bf16": save_figure(fig, out, "bf16_speedup"),
+            "bf16_train_speedup": {r["size"]: float(r.speedup) for _, r in at.iterrows()},
+            "bf16_context_length": c}
+
+
+def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dict) -> dict:
+    compiled_modes = set(bench["compile"]) - {"eager"} if not bench.empty else set()
+    if ok.empty or not compiled_modes:
+        return {}
+    comp = ok[ok["compile"] != "eager"]
+    keys = ["size", "context_length", "mode", "dtype"]
+    merged = comp[keys + ["mean_ms", "compile"]].merge(
+        ok[ok["compile"] == "eager"][keys + ["mean_ms"]], on=keys, suffixes=("_compiled", "_eager"))
+    if merged.empty:
+        return {}
+    merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
+    merged = _sorted(merged, *keys)
+    table = merged[keys + ["mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(
+        columns={"mean_ms_eager": "eager ms", "mean_ms_compiled": "compiled ms"})
+    md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "compile_speedup")
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for (mode, dtype), g in merged.groupby(["mode", "dtype"]):
+        g = _sorted(g, "size")
+        ax.plot(g["size"], g.speedup, marker="o", label=f"{MODE_LABEL[mode]}, {dtype}")
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set_xlabel("model size")
+    ax.set_ylabel("eager time / compiled time (×)")
+    ax.set_title("torch.compile speed-up")
+    ax.legend(fontsize=8)
+    return {"tables_compile": md, "figure_compile": save_figure(fig, out, "compile_speedup"),
+            "compile_method": sorted(compiled_modes),
+            "compile_speedup_range": [float(merged.speedup.min()), float(merged.speedup.max())]}
+
+
+def _warmup(warm: pd.DataFrame, out: Path) -> dict:
+    ok = warm[warm.status == "ok"] if not warm.empty else warm
+    if ok.empty:
+        return {}
+    rows, ratios = [], {}
+    for _, r in ok.iterrows():
+        steps, n = r["step_ms"], int(r["measured_steps"])
+        for w in r["warmups"]:
+            window = steps[w:w + n]
+            rows.append({"size": r["size"], "mode": MODE_LABEL[r["mode"]], "warm-up steps": w,
+                         "mean ms": statistics.fmean(window), "std ms": statistics.stdev(window)})
+        ratios[f"{r['size']} {MODE_LABEL[r['mode']]}"] = steps[0] / statistics.median(steps[-n:])
+    table = _sorted(pd.DataFrame(rows), "size", "mode", "warm-up steps")
+    md = save_table(table, out, "warmup")
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for _, r in _sorted(ok[ok["mode"] == ok["mode"].iloc[0]], "size").iterrows():
+        ax.plot(range(len(r["step_ms"])), r["step_ms"], marker=".", label=r["size"])
+    ax.set_yscale("log")
+    ax.set_xlabel("step index in a fresh process (0 = first step)")
+    ax.set_ylabel("step time (ms, log scale)")
+    ax.set_title(f"Cold start: {MODE_LABEL[ok['mode'].iloc[0]]} step times, context {int(ok.context_length.iloc[0])}")
+    ax.legend(fontsize=8, ncol=2)
+    worst = max(ratios, key=ratios.get)
+    return {"tables_warmup": md, "figure_warmup": save_figure(fig, out, "warmup_steps"),
+            "warmup_first_step_ratio": ratios, "warmup_worst": {"what": worst, "ratio": ratios[worst]},
+            "warmup_values": sorted({int(w) for ws in ok["warmups"] for w in ws}),
+            "warmup_context_length": int(ok.context_length.iloc[0])}
+
+
+def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: Path) -> dict:
+    """Pipeline overhead per job: the job's wall time (Snakemake's benchmark record) minus the time
+    spent inside its points (model build, compile, warm-up, timed steps)."""
+    records = {p.parent.name + "/" + p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
+    if not records:
+        return {}
+    inside: dict[str, float] = {}
+    for df, kind in ((bench, "benchmarking"), (warm, "warmup")):
+        if df.empty:
+            continue
+        for _, r in df.iterrows():
+            job = f"{kind}/{r['size']}-{r['compile'] if kind == 'benchmarking' else r['mode']}"
+            inside[job] = inside.get(job, 0.0) + float(r.get("point_wall_s") or 0.0)
+    rows = [{"job": j, "wall s": w, "in points s": inside.get(j, 0.0), "overhead s": w - inside.get(j, 0.0)}
+            for j, w in sorted(records.items())]
+    table = pd.DataFrame(rows)
+    total_wall, total_over = table["wall s"].sum(), table["overhead s"].sum()
+    table.loc[len(table)] = {"job": "total", "wall s": total_wall, "in points s": table["in points s"].sum(),
+                             "overhead s": total_over}
+    return {"tables_overhead": save_table(table, out, "overhead", digits=1),
+            "overhead": {"wall_s": float(total_wall), "overhead_s": float(total_over),
+                         "share_pct": float(100 * total_over / total_wall), "jobs": len(rows)}}
+
+
+def _times_figure(ok: pd.DataFrame, out: Path) -> str:
+    eager = ok[ok["compile"] == "eager"]
+    c = int(eager.context_length.max())
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6), sharey=True)
+    for ax, mode in zip(axes, MODE_LABEL, strict=True):
+        for dtype, g in eager[(eager.context_length == c) & (eager["mode"] == mode)].groupby("dtype"):
+            g = _sorted(g, "size")
+            ax.errorbar(g["size"], g.mean_ms, yerr=g.std_ms, marker="o", capsize=3, label=dtype)
+        ax.set_title(MODE_LABEL[mode])
+        ax.set_xlabel("model size")
+        ax.set_yscale("log")
+        ax.legend()
+    axes[0].set_ylabel(f"time per step (ms, log scale), context {c}")
+    return save_figure(fig, out, "times_vs_size")

@@ -1,0 +1,113 @@
+"""Render the report: section contexts -> Jinja templates -> report.md -> (pandoc, typst) -> report.pdf.
+
+    python -m cs336sys.report md --sections results/sections/* --templates writeup/templates --out writeup/report.md
+    python -m cs336sys.report pdf writeup/report.md --out writeup/report.pdf
+
+Templates see every section's context.json as `<section>` (a missing section is an empty dict, and
+its template says so), `problems` (coverage of every assignment problem), and two filters:
+`num(x, digits)` and `fig(section, name)` (a figure's path relative to the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import jinja2
+
+from cs336sys.problems import PROBLEMS
+
+
+def _num(value, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def coverage(contexts: dict[str, dict]) -> list[dict]:
+    """One row per assignment problem: where its results are, or that there are none yet."""
+    counts: dict[str, int] = {}
+    for ctx in contexts.values():
+        for problem, n in ctx.get("result_counts", {}).items():
+            counts[problem] = counts.get(problem, 0) + n
+    rows = []
+    for p in PROBLEMS:
+        n = sum(counts.get(r, 0) for r in p.results)
+        rows.append({"number": p.number, "name": p.name, "edition": p.edition, "section": p.section,
+                     "points": n, "has_results": n > 0})
+    return rows
+
+
+def render_markdown(section_dirs: list[Path], templates: Path, out: Path) -> str:
+    contexts = {d.name: json.loads((d / "context.json").read_text()) for d in section_dirs}
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = _num
+    dirs = {d.name: d for d in section_dirs}
+
+    def fig(section: str, name: str) -> str:
+        return os.path.relpath(dirs[section] / name, out.parent)
+
+    env.globals["fig"] = fig
+    text = env.get_template("report.md.j2").render(sections=contexts, problems=coverage(contexts))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out, text.encode())
+    return text
+
+
+def render_pdf(markdown: Path, out: Path) -> None:
+    """Markdown -> Typst (pandoc, from pypandoc-binary) -> PDF (typst, from PyPI). Image paths in the
+    Markdown are relative to its folder; Typst is rooted at the common parent so it may read them."""
+    import pypandoc
+    import typst
+
+    typ_source = pypandoc.convert_file(str(markdown), "typst", format="gfm",
+                                       extra_args=["--standalone", "--columns=100"])
+    # Tables as wide as the page and a readable body font size.
+    preamble = '#set page(margin: 1.6cm)\n#set text(size: 9.5pt)\n#set table(inset: 4pt)\n'
+    root = Path(os.path.commonpath([markdown.resolve().parent.parent, Path.cwd().resolve()]))
+    with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=markdown.parent, delete=False) as f:
+        f.write(preamble + typ_source)
+        typ_path = Path(f.name)
+    try:
+        pdf = typst.compile(str(typ_path), root=str(root))
+    finally:
+        typ_path.unlink(missing_ok=True)
+    _write_atomic(out, pdf)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cs336sys.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    md = sub.add_parser("md")
+    md.add_argument("--sections", nargs="+", required=True, type=Path)
+    md.add_argument("--templates", required=True, type=Path)
+    md.add_argument("--out", required=True, type=Path)
+    pdf = sub.add_parser("pdf")
+    pdf.add_argument("markdown", type=Path)
+    pdf.add_argument("--out", required=True, type=Path)
+    a = p.parse_args(argv)
+    if a.command == "md":
+        render_markdown(a.sections, a.templates, a.out)
+    else:
+        render_pdf(a.markdown, a.out)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+# Problems benchmarking_script (1), benchmarking_mixed_precision (4c), torch_compile (8b), and the
+# matmul ceilings that MFU divides by. One job per (size, compile mode) amortises process start,
+# imports and CUDA initialisation over its points; each point still has its own result file.
+
+BENCH = GRID["benchmarking"]
+SWEEP = GRID["warmup_sweep"]
+PEAK = GRID["peak"]
+COMPILED = BENCH.get("compiled", {})
+
+
+def benchmark_points(size, compile_mode):
+    if compile_mode == "eager":
+        ctxs, dtypes, modes = BENCH["context_lengths"], BENCH["dtypes"], BENCH["modes"]
+    else:
+        ctxs, dtypes, modes = COMPILED["context_lengths"], COMPILED["dtypes"], COMPILED["modes"]
+    return [
+        dict(size=size, context_length=ctx, mode=mode, dtype=dtype, compile=compile_mode,
+             warmup=BENCH["warmup"], steps=BENCH["steps"], optimizer="ours", device=DEVICE)
+        for ctx in ctxs for dtype in dtypes for mode in modes
+    ]
+
+
+def benchmark_output(p):
+    return f"results/benchmarking/{slug(p['size'])}/{p['mode']}-{p['dtype']}-{p['compile']}-ctx{p['context_length']}.json"
+
+
+BENCH_JOBS = {
+    (size, c): benchmark_points(size, c)
+    for size in BENCH["sizes"]
+    for c in ["eager"] + ([COMPILED["compile"]] if COMPILED else [])
+}
+
+for (size, compile_mode), points in BENCH_JOBS.items():
+
+    rule:
+        name:
+            f"benchmarking_{slug(size)}_{compile_mode}"
+        output:
+            [benchmark_output(p) for p in points],
+        params:
+            problem="benchmarking",
+            function="cs336sys.bench:run_point",
+            points=points_json(points),
+            code=experiment_code("cs336sys.bench:run_point"),
+        log:
+            f"logs/benchmarking/{slug(size)}-{compile_mode}.log",
+        benchmark:
+            f"benchmarks/benchmarking/{slug(size)}-{compile_mode}.tsv"
+        resources:
+            gpu=1,
+        shell:
+            EXPERIMENT
+
+
+WARMUP_JOBS = {
+    (size, mode): dict(size=size, mode=mode, context_length=SWEEP["context_length"], dtype=SWEEP["dtype"],
+                       compile="eager", steps=max(SWEEP["warmups"]) + SWEEP["steps"], optimizer="ours",
+                       device=DEVICE, warmups=SWEEP["warmups"], measured_steps=SWEEP["steps"])
+    for size in SWEEP["sizes"] for mode in SWEEP["modes"]
+}
+
+for (size, mode), point in WARMUP_JOBS.items():
+
+    rule:
+        name:
+            f"warmup_{slug(size)}_{mode}"
+        output:
+            f"results/warmup/{slug(size)}/{mode}.json",
+        params:
+            problem="warmup",
+            function="cs336sys.bench:run_warmup_point",
+            points=points_json([point]),
+            code=experiment_code("cs336sys.bench:run_warmup_point"),
+        log:
+            f"logs/warmup/{slug(size)}-{mode}.log",
+        benchmark:
+            f"benchmarks/warmup/{slug(size)}-{mode}.tsv"
+        resources:
+            gpu=1,
+        shell:
+            EXPERIMENT
+
+
+PEAK_POINTS = [dict(dtype=d, n=PEAK["n"], device=DEVICE) for d in PEAK["dtypes"]]
+
+
+rule matmul_peak:
+    output:
+        [f"results/peak/{p['dtype']}.json" for p in PEAK_POINTS],
+    params:
+        problem="matmul_peak",
+        function="cs336sys.peak:run_point",
+        points=points_json(PEAK_POINTS),
+        code=experiment_code("cs336sys.peak:run_point"),
+    log:
+        "logs/peak.log",
+    benchmark:
+        "benchmarks/peak.tsv"
+    resources:
+        gpu=1,
+    shell:
+        EXPERIMENT
+
+
+rule benchmarking_section:
+    localrule: True
+    input:
+        [benchmark_output(p) for points in BENCH_JOBS.values() for p in points],
+        [f"results/warmup/{slug(s)}/{m}.json" for s, m in WARMUP_JOBS],
+        rules.matmul_peak.output,
+        # the pipeline-overhead table reads the jobs' own wall-clock records
+        [f"benchmarks/benchmarking/{slug(s)}-{c}.tsv" for s, c in BENCH_JOBS],
+        [f"benchmarks/warmup/{slug(s)}-{m}.tsv" for s, m in WARMUP_JOBS],
+    output:
+        directory("results/sections/benchmarking"),
+    params:
+        section="benchmarking",
+        code=code_hash("cs336sys.analysis"),
+    log:
+        "logs/sections/benchmarking.log",
+    shell:
+        ANALYSIS
