@@ -48,6 +48,8 @@ def make_step(settings: dict) -> tuple[Callable[[], None], dict]:
     torch.manual_seed(settings.get("seed", 0))
     model = build_model(size, ctx, device=device)
     runner: torch.nn.Module = model
+    if compile_mode != "eager":
+        torch._dynamo.reset()  # each point compiles afresh; no guards or graphs left from the last one
     if compile_mode == "blocks":
         for block in model.layers:
             block.compile()

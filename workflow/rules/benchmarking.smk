@@ -21,7 +21,7 @@ def benchmark_points(size, compile_mode):
 
 
 def benchmark_output(p):
-    return f"results/benchmarking/{slug(p['size'])}/{p['mode']}-{p['dtype']}-{p['compile']}-ctx{p['context_length']}.json"
+    return f"results/benchmarking/{p['size']}/{p['mode']}-{p['dtype']}-{p['compile']}-ctx{p['context_length']}.json"
 
 
 BENCH_JOBS = {
@@ -43,9 +43,9 @@ for (size, compile_mode), points in BENCH_JOBS.items():
             points=points_json(points),
             code=experiment_code("cs336sys.bench:run_point"),
         log:
-            f"logs/benchmarking/{slug(size)}-{compile_mode}.log",
+            f"logs/benchmarking/{size}-{compile_mode}.log",
         benchmark:
-            f"benchmarks/benchmarking/{slug(size)}-{compile_mode}.tsv"
+            f"benchmarks/benchmarking/{size}-{compile_mode}.tsv"
         resources:
             gpu=1,
         shell:
@@ -65,16 +65,16 @@ for (size, mode), point in WARMUP_JOBS.items():
         name:
             f"warmup_{slug(size)}_{mode}"
         output:
-            f"results/warmup/{slug(size)}/{mode}.json",
+            f"results/warmup/{size}/{mode}.json",
         params:
             problem="warmup",
             function="cs336sys.bench:run_warmup_point",
             points=points_json([point]),
             code=experiment_code("cs336sys.bench:run_warmup_point"),
         log:
-            f"logs/warmup/{slug(size)}-{mode}.log",
+            f"logs/warmup/{size}-{mode}.log",
         benchmark:
-            f"benchmarks/warmup/{slug(size)}-{mode}.tsv"
+            f"benchmarks/warmup/{size}-{mode}.tsv"
         resources:
             gpu=1,
         shell:
@@ -106,11 +106,11 @@ rule benchmarking_section:
     localrule: True
     input:
         [benchmark_output(p) for points in BENCH_JOBS.values() for p in points],
-        [f"results/warmup/{slug(s)}/{m}.json" for s, m in WARMUP_JOBS],
+        [f"results/warmup/{s}/{m}.json" for s, m in WARMUP_JOBS],
         rules.matmul_peak.output,
         # the pipeline-overhead table reads the jobs' own wall-clock records
-        [f"benchmarks/benchmarking/{slug(s)}-{c}.tsv" for s, c in BENCH_JOBS],
-        [f"benchmarks/warmup/{slug(s)}-{m}.tsv" for s, m in WARMUP_JOBS],
+        [f"benchmarks/benchmarking/{s}-{c}.tsv" for s, c in BENCH_JOBS],
+        [f"benchmarks/warmup/{s}-{m}.tsv" for s, m in WARMUP_JOBS],
     output:
         directory("results/sections/benchmarking"),
     params:

@@ -1,4 +1,5 @@
 import json
+import re
 import os
 import sys
 
@@ -35,4 +36,5 @@ def points_json(points):
 
 
 def slug(value):
-    return str(value).replace("/", "_")
+    """A model size as part of a rule name (rule names are identifiers: 2.7B -> 2_7B)."""
+    return re.sub(r"\W", "_", str(value))

@@ -86,6 +86,11 @@ def build(paths: list[Path], out: Path) -> dict:
         best = train.loc[train.mfu_pct.idxmax()]
         ctx["best_mfu"] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
                            "compile": best["compile"], "context_length": int(best.context_length)}
+    if not ok.empty:
+        cv = 100 * ok.std_ms / ok.mean_ms
+        worst = ok.loc[cv.idxmax()]
+        ctx["cv"] = {"median_pct": float(cv.median()), "max_pct": float(cv.max()),
+                     "max_what": f"{worst['size']} {MODE_LABEL[worst['mode']]} {worst['dtype']} {worst['compile']}"}
     ctx["oom_points"] = [f"{r['size']} {MODE_LABEL[r['mode']]} {r['dtype']} {r['compile']} ctx {r['context_length']}"
                          for _, r in bench[bench.status == "oom"].iterrows()]
     ctx.update(_warmup(warm, out))
