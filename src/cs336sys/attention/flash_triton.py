@@ -1,0 +1,105 @@
+"""FlashAttention-2 as a `torch.autograd.Function` over the Triton kernels (problems 9-10).
+
+`FlashAttention2Triton.apply(q, k, v, is_causal=False)` takes (batch, seq, d) or
+(batch, heads, seq, d) tensors in float32, float16 or bfloat16 with d in {16, 32, 64, 128}, on
+CUDA, or on the CPU when TRITON_INTERPRET=1. It saves L (shape q.shape[:-1], float32), Q, K, V, O.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cs336sys.attention import flash_configs, flash_triton_backward, flash_triton_forward
+from cs336sys.attention.inputs import check_attention_inputs
+
+
+def kernels_interpreted() -> bool:
+    """Are the kernels (and Triton's own library functions) set up for the interpreter?
+
+    Triton fixes interpreted-or-compiled when a function is decorated, so TRITON_INTERPRET must
+    be set before `triton` is first imported; setting it later leaves a mixture that cannot run.
+    """
+    import triton.language.standard
+    from triton.runtime.jit import JITFunction
+
+    ours = not isinstance(flash_triton_forward.flash_forward_kernel, JITFunction)
+    library = not any(isinstance(f, JITFunction) for f in vars(triton.language.standard).values())
+    if ours != library:
+        raise RuntimeError("TRITON_INTERPRET changed between importing triton and importing the "
+                           "attention kernels; set it before anything imports triton")
+    return ours
+
+
+def _as_heads(t: torch.Tensor) -> torch.Tensor:
+    """(..., seq, d) -> (batch*heads, seq, d) with a contiguous last dimension (a view if it can)."""
+    t = t.reshape(-1, t.shape[-2], t.shape[-1])
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def flash_attention_triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                                   config: flash_configs.Tiles | None = None,
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (q's shape and dtype) and L (q.shape[:-1], float32) without autograd."""
+    q3, k3, v3 = _as_heads(q), _as_heads(k), _as_heads(v)
+    if config is None:
+        config = flash_configs.forward_config(q.shape[-1], q.dtype, q3.shape[1], q3.shape[0], q.device)
+    out, lse = flash_triton_forward.flash_forward(q3, k3, v3, is_causal, config)
+    return out.view(q.shape), lse.view(q.shape[:-1])
+
+
+def flash_attention_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
+                                    is_causal: bool, config: flash_configs.BackwardConfig | None = None,
+                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q3, k3, v3, o3, do3 = (_as_heads(t) for t in (q, k, v, out, grad_out))
+    if config is None:
+        config = flash_configs.backward_config(q.shape[-1], q.dtype, k3.shape[1], k3.shape[0], q.device)
+    dq, dk, dv = flash_triton_backward.flash_backward(q3, k3, v3, o3, lse.reshape(q3.shape[:2]), do3, is_causal,
+                                             config)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+# The kernels are registered as PyTorch custom operators so that torch.compile can trace the
+# autograd.Function without a graph break: it treats each launch as one opaque node whose
+# output shapes the fake implementations below describe.
+@torch.library.custom_op("cs336sys::flash_attention_triton_forward", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attention_triton_forward(q, k, v, is_causal)
+
+
+@_forward_op.register_fake
+def _(q, k, v, is_causal):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("cs336sys::flash_attention_triton_backward", mutates_args=())
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 grad_out: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return flash_attention_triton_backward(q, k, v, out, lse, grad_out, is_causal)
+
+
+@_backward_op.register_fake
+def _(q, k, v, out, lse, grad_out, is_causal):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+class FlashAttention2Triton(torch.autograd.Function):
+    """`FlashAttention2Triton.apply(q, k, v, is_causal=False)`; fused Triton forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
+        check_attention_inputs(q, k, v, is_causal, for_triton=True)
+        if q.device.type != "cuda" and not kernels_interpreted():
+            raise ValueError(f"the Triton kernels need CUDA tensors (got {q.device}); to run them on the "
+                             "CPU set TRITON_INTERPRET=1 before triton is imported")
+        out, lse = _forward_op(q, k, v, is_causal)
+        ctx.save_for_backward(lse, q, k, v, out)
+        ctx.is_causal = is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        lse, q, k, v, out = ctx.saved_tensors
+        dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, ctx.is_causal)
+        return dq, dk, dv, None
