@@ -1,0 +1,284 @@
+"""Benchmark points for the attention problems; each is `fn(settings) -> metrics` for cs336sys.run.
+
+    run_pytorch_attention_point   problems 7 and 8a: naive attention, eager or compiled
+    run_flash_point               problem 11: Triton FlashAttention-2 vs naive, compiled naive, SDPA
+    run_leaderboard_point         problem 11: the 2025 leaderboard shape, forward + backward
+
+Out-of-memory propagates (the job runner records it as `oom`); a point that cannot run here
+raises `Unsupported`. On CUDA, times come from `triton.testing.do_bench` (median, CUDA events,
+L2 flushed between repetitions); elsewhere (the CPU smoke grid) from a synchronised host timer.
+
+FLOP counts (for TFLOP/s) count only the (query, key) pairs that are attended: seq_q * seq_k
+without a mask, and sum_i min(i + 1, seq_k) with the causal mask (S (S + 1) / 2 for seq_q =
+seq_k = S), which is what a kernel that skips masked tiles must at least compute. The forward is
+two matrix products, 4 * d FLOPs per pair; the backward five (recomputing S, dV, dP, dQ, dK),
+2.5 times the forward, whatever an implementation actually recomputes (our two-kernel backward
+does 7 products per pair; it is still credited with 5).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from cs336sys.attention.naive import naive_attention
+from cs336sys.jobs import Unsupported
+from cs336sys.timing import summarize_ms, synchronize, time_steps
+
+# Without CUDA, Triton kernels can only run through Triton's interpreter, which must be chosen
+# before triton is first imported (the CPU smoke grid runs the Triton points this way).
+if "triton" not in sys.modules and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")  # PyTorch's own priority order
+
+# do_bench budget per measurement (milliseconds): enough repetitions for a stable median at
+# every size of the grid, small enough that the whole grid runs in minutes.
+BENCH_WARMUP_MS = 25
+BENCH_REP_MS = 100
+CPU_REPEATS = 3
+
+
+# --- shared timing helpers ------------------------------------------------------------------
+
+def bench_ms(fn: Callable[[], object], device: torch.device,
+             grad_to_none: list[torch.Tensor] | None = None) -> float:
+    """Median milliseconds per call of `fn` (gradients of `grad_to_none` reset before each)."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS,
+                                             grad_to_none=grad_to_none, return_mode="median"))
+
+    def step() -> None:
+        for t in grad_to_none or ():
+            t.grad = None
+        fn()
+
+    return statistics.median(time_steps(step, warmup=1, steps=CPU_REPEATS, device=device))
+
+
+def attended_pairs(seq_q: int, seq_k: int, causal: bool) -> int:
+    """Number of (query, key) pairs with a weight; causal is top-left aligned (key j <= query i)."""
+    if not causal:
+        return seq_q * seq_k
+    full = min(seq_q, seq_k)  # rows 0..full-1 see i + 1 keys; later rows see all seq_k keys
+    return full * (full + 1) // 2 + (seq_q - full) * seq_k
+
+
+def attention_flops(batch_heads: int, seq_q: int, seq_k: int, d: int, causal: bool) -> dict[str, float]:
+    forward = 4.0 * batch_heads * d * attended_pairs(seq_q, seq_k, causal)
+    return {"forward": forward, "backward": 2.5 * forward, "fwd_bwd": 3.5 * forward}
+
+
+def _random_qkv(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.randn(shape, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+
+
+def _dtype(settings: dict, default: str = "fp32") -> torch.dtype:
+    name = settings.get("dtype", default)
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+# --- implementations ------------------------------------------------------------------------
+
+@functools.cache
+def compiled_naive_attention() -> Callable:
+    """naive_attention through torch.compile, one compiled function for the whole process:
+    symbolic shapes, so that a sweep over sequence lengths and head dimensions compiles once per
+    dtype and mask, not once per point."""
+    return torch.compile(naive_attention, dynamic=True)
+
+
+def _retainable_graphs():
+    """Compiled backward graphs that can run twice: AOTAutograd's buffer donation forbids a
+    second backward through one graph (retain_graph), which is how the backward is timed alone.
+    Patched for the whole measurement because the backward graph is compiled at its first call."""
+    import torch._functorch.config
+
+    return torch._functorch.config.patch(donated_buffer=False)
+
+
+def _check_triton_runs_here(device: torch.device, dtype: torch.dtype) -> None:
+    """On the CPU the Triton kernels run through the interpreter, in float32 only."""
+    if device.type == "cuda":
+        return
+    if dtype != torch.float32:
+        raise Unsupported(f"the Triton interpreter (CPU) runs float32 only; {dtype} is measured on a GPU")
+    from cs336sys.attention.flash_triton import kernels_interpreted
+
+    if not kernels_interpreted():
+        raise RuntimeError("Triton on the CPU needs TRITON_INTERPRET=1 set before triton is imported")
+
+
+def _sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+
+
+def sdpa_attention(backend: str) -> Callable:
+    """SDPA pinned to one backend; calling it outside `sdpa_kernel` would let PyTorch choose."""
+    from torch.nn.attention import sdpa_kernel
+
+    def attend(q, k, v, is_causal):
+        with sdpa_kernel([_sdpa_backend(backend)]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    return attend
+
+
+def pick_sdpa_backend(q: torch.Tensor, is_causal: bool, wanted: str | None) -> str:
+    """The backend to measure: `wanted`, or the first of PyTorch's priority order that runs here."""
+    candidates = (wanted,) if wanted else SDPA_BACKENDS
+    reasons = []
+    for name in candidates:
+        try:
+            with torch.no_grad():
+                sdpa_attention(name)(q[..., :16, :], q[..., :16, :], q[..., :16, :], is_causal)
+            return name
+        except RuntimeError as exc:  # "No available kernel", unsupported dtype or head dim
+            reasons.append(f"{name}: {str(exc).splitlines()[0][:120]}")
+    raise Unsupported(f"no SDPA backend in {candidates} runs {q.dtype} d={q.shape[-1]} on "
+                      f"{q.device.type}: " + "; ".join(reasons))
+
+
+def flash_implementation(impl: str, q: torch.Tensor, is_causal: bool,
+                         sdpa_backend: str | None = None) -> tuple[Callable, dict]:
+    """(attend(q, k, v, is_causal), extra metrics) for one implementation name."""
+    if impl == "triton":
+        from cs336sys.attention.flash_triton import FlashAttention2Triton
+
+        return FlashAttention2Triton.apply, {}
+    if impl == "naive":
+        return naive_attention, {}
+    if impl == "naive_compiled":
+        return compiled_naive_attention(), {}
+    if impl == "sdpa":
+        backend = pick_sdpa_backend(q, is_causal, sdpa_backend)
+        return sdpa_attention(backend), {"sdpa_backend": backend}
+    raise ValueError(f"unknown attention implementation {impl!r}")
+
+
+# --- problem 7 / 8a -------------------------------------------------------------------------
+
+def run_pytorch_attention_point(settings: dict) -> dict:
+    """Naive attention at (batch, seq, d), no heads: forward and backward times, memory.
+
+    settings: device ("cuda"), d, seq, batch (8), passes (100), warmup (5), impl ("eager" |
+    "compiled"), dtype ("fp32"). Forward/backward: mean and std over `passes` synchronised calls;
+    the backward reuses one graph (retain_graph) so it times the backward alone.
+    """
+    device = torch.device(settings.get("device", "cuda"))
+    batch, seq, d = int(settings.get("batch", 8)), int(settings["seq"]), int(settings["d"])
+    passes, warmup = int(settings.get("passes", 100)), int(settings.get("warmup", 5))
+    impl = settings.get("impl", "eager")
+    if impl not in ("eager", "compiled"):
+        raise ValueError(f"impl must be 'eager' or 'compiled', got {impl!r}")
+    attend = naive_attention if impl == "eager" else compiled_naive_attention()
+    q, k, v = _random_qkv((batch, seq, d), _dtype(settings), device)
+    with _retainable_graphs():
+        return _time_pytorch_attention(attend, q, k, v, warmup, passes, device)
+
+
+def _time_pytorch_attention(attend: Callable, q, k, v, warmup: int, passes: int,
+                            device: torch.device) -> dict:
+    forward = summarize_ms(time_steps(lambda: attend(q, k, v), warmup, passes, device))
+    out = attend(q, k, v)
+    synchronize(device)
+    metrics: dict = {"forward_ms": forward["mean_ms"], "forward_std_ms": forward["std_ms"]}
+    if device.type == "cuda":
+        metrics["memory_before_backward_bytes"] = torch.cuda.memory_allocated(device)
+    grad_out = torch.randn_like(out)
+
+    def backward() -> None:
+        q.grad = k.grad = v.grad = None
+        out.backward(grad_out, retain_graph=True)
+
+    backward_times = summarize_ms(time_steps(backward, warmup, passes, device))
+    metrics.update(backward_ms=backward_times["mean_ms"], backward_std_ms=backward_times["std_ms"])
+    if device.type == "cuda":
+        metrics["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
+    return metrics
+
+
+# --- problem 11 -----------------------------------------------------------------------------
+
+def _time_forward_backward(attend: Callable, q, k, v, is_causal: bool, device: torch.device,
+                           grad_out: torch.Tensor | None) -> dict[str, float]:
+    """forward_ms, backward_ms (one retained graph) and fwd_bwd_ms."""
+    forward = bench_ms(lambda: attend(q, k, v, is_causal), device)
+    out = attend(q, k, v, is_causal)
+    grad_out = torch.randn_like(out) if grad_out is None else grad_out
+    backward = bench_ms(functools.partial(out.backward, grad_out, retain_graph=True), device, [q, k, v])
+    del out  # free the retained graph before the next measurement
+    fwd_bwd = bench_ms(lambda: attend(q, k, v, is_causal).backward(grad_out), device, [q, k, v])
+    return {"forward_ms": forward, "backward_ms": backward, "fwd_bwd_ms": fwd_bwd}
+
+
+def run_flash_point(settings: dict) -> dict:
+    """One point of the FlashAttention benchmark grid: forward, backward, forward+backward.
+
+    settings: device ("cuda"), impl ("triton" | "naive" | "naive_compiled" | "sdpa"), seq, d,
+    dtype ("bf16" | "fp32"), batch (1), heads (1), causal (True), sdpa_backend (optional: pin
+    one of flash/efficient/cudnn/math; otherwise the first that runs, in PyTorch's order).
+    Inputs are (batch, heads, seq, d); dO is random.
+    """
+    device = torch.device(settings.get("device", "cuda"))
+    batch, heads = int(settings.get("batch", 1)), int(settings.get("heads", 1))
+    seq, d = int(settings["seq"]), int(settings["d"])
+    causal = bool(settings.get("causal", True))
+    dtype = _dtype(settings)
+    impl = settings["impl"]
+    q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
+    attend, extra = flash_implementation(impl, q, causal, settings.get("sdpa_backend"))
+    if impl == "triton":
+        _check_triton_runs_here(device, dtype)
+    with _retainable_graphs():
+        times = _time_forward_backward(attend, q, k, v, causal, device, None)
+    flops = attention_flops(batch * heads, seq, seq, d, causal)
+    metrics = {**times, **extra}
+    for part in ("forward", "backward", "fwd_bwd"):
+        metrics[f"{part}_flops"] = flops[part]
+        metrics[f"{part}_tflops"] = flops[part] / (times[f"{part}_ms"] * 1e-3) / 1e12
+    return metrics
+
+
+def run_leaderboard_point(settings: dict) -> dict:
+    """The 2025 leaderboard measurement: forward + backward, loss = O.sum(), do_bench median.
+
+    settings: device ("cuda"), impl ("ours" = torch.compile(FlashAttention2Triton.apply) |
+    "sdpa_flash" | "sdpa_cudnn" | "sdpa_efficient"), batch (1), heads (16), seq (16384), d (64),
+    dtype ("bf16"), causal (True).
+    """
+    device = torch.device(settings.get("device", "cuda"))
+    batch, heads = int(settings.get("batch", 1)), int(settings.get("heads", 16))
+    seq, d = int(settings.get("seq", 16384)), int(settings.get("d", 64))
+    causal = bool(settings.get("causal", True))
+    dtype = _dtype(settings, default="bf16")
+    impl = settings["impl"]
+    q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
+    if impl == "ours":
+        from cs336sys.attention.flash_triton import FlashAttention2Triton
+
+        _check_triton_runs_here(device, dtype)
+        attend = torch.compile(FlashAttention2Triton.apply)
+    elif impl.startswith("sdpa_"):
+        backend = pick_sdpa_backend(q, causal, impl.removeprefix("sdpa_"))
+        attend = sdpa_attention(backend)
+    else:
+        raise ValueError(f"unknown leaderboard implementation {impl!r}")
+    fwd_bwd = bench_ms(lambda: attend(q, k, v, causal).sum().backward(), device, [q, k, v])
+    flops = attention_flops(batch * heads, seq, seq, d, causal)["fwd_bwd"]
+    return {"fwd_bwd_ms": fwd_bwd, "fwd_bwd_flops": flops, "fwd_bwd_tflops": flops / (fwd_bwd * 1e-3) / 1e12}
