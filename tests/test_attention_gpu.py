@@ -1,0 +1,108 @@
+"""The compiled Triton kernels (and the PyTorch FlashAttention) on a CUDA GPU vs float64.
+
+Tolerances are on ||out - ref|| / ||ref||: float32 inputs go through tf32 tensor-core products
+(about 3e-4 expected), bfloat16 inputs through bf16 products with fp32 accumulation (1e-3..1e-2).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from cs336sys.attention import FlashAttention2PyTorch, attention_logsumexp, naive_attention
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="TRITON_INTERPRET=1: kernels are interpreted, not compiled"),
+]
+
+TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def triton_class():
+    from cs336sys.attention.flash_triton import FlashAttention2Triton
+
+    return FlashAttention2Triton
+
+
+def check_against_float64(cls, lead, seq_q, seq_k, d, causal, dtype):
+    make = lambda n: torch.randn(*lead, n, d, device="cuda", dtype=dtype, requires_grad=True)
+    q, k, v = make(seq_q), make(seq_k), make(seq_k)
+    out = cls.apply(q, k, v, causal)
+    lse = next(t for t in out.grad_fn.saved_tensors if t.shape == q.shape[:-1])
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = naive_attention(q64, k64, v64, causal)
+    ref.backward(grad_out.double())
+    tol = TOLERANCE[dtype]
+    assert out.dtype == dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    errors = {"O": rel_err(out, ref), "L": rel_err(lse, attention_logsumexp(q64.detach(), k64.detach(), causal)),
+              "dQ": rel_err(q.grad, q64.grad), "dK": rel_err(k.grad, k64.grad), "dV": rel_err(v.grad, v64.grad)}
+    assert all(e < tol for e in errors.values()), errors
+
+
+SHAPES = [  # (leading dims, seq_q, seq_k, d, causal)
+    ((2,), 512, 512, 64, True),  # (batch, seq, d)
+    ((1, 4), 1000, 1000, 128, False),  # not a multiple of any tile
+    ((2, 3), 300, 700, 32, False),  # different query and key lengths
+    ((1, 2), 700, 300, 16, True),
+    ((1, 16), 2048, 2048, 64, True),  # enough programs for the large tiles
+    ((1, 1), 4096, 4096, 128, True),  # few programs: the small-tile entries
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("lead,seq_q,seq_k,d,causal", SHAPES)
+def test_triton_matches_float64(lead, seq_q, seq_k, d, causal, dtype):
+    check_against_float64(triton_class(), lead, seq_q, seq_k, d, causal, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_pytorch_flash_matches_float64_on_gpu(dtype):
+    check_against_float64(FlashAttention2PyTorch, (2, 2), 200, 200, 64, True, dtype)
+
+
+def test_triton_atomic_dq_variant_on_gpu():
+    from cs336sys.attention.flash_configs import BackwardConfig, Tiles
+    from cs336sys.attention.flash_triton import flash_attention_triton_backward, flash_attention_triton_forward
+
+    q, k, v = (torch.randn(1, 4, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    grad_out = torch.randn_like(q)
+    out, lse = flash_attention_triton_forward(q, k, v, True)
+    config = BackwardConfig(dkdv=Tiles(32, 128, 4, 3), dq=Tiles(128, 32, 4, 3), atomic_dq=True)
+    dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, True, config)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    naive_attention(q64, k64, v64, True).backward(grad_out.double())
+    for got, want in ((dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
+        assert rel_err(got, want) < TOLERANCE[torch.bfloat16]
+
+
+def test_compiled_apply_on_gpu():
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = torch.compile(triton_class().apply)(q, k, v, True)
+    out.sum().backward()
+    assert rel_err(out, naive_attention(q.double(), k.double(), v.double(), True)) < 2e-2
+    assert torch.isfinite(q.grad).all()
+
+
+def test_tensors_on_different_devices_are_refused():
+    q = torch.randn(1, 64, 64, device="cuda")
+    with pytest.raises(ValueError, match="one device"):
+        triton_class().apply(q, q.cpu(), q, False)
+
+
+def test_unsupported_head_dim_is_refused_on_gpu():
+    q = torch.randn(1, 64, 256, device="cuda")
+    with pytest.raises(ValueError, match="head dimension"):
+        triton_class().apply(q, q, q, False)

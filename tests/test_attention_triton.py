@@ -1,0 +1,159 @@
+"""The Triton FlashAttention kernels through Triton's CPU interpreter (float32, small shapes).
+
+Triton chooses between its interpreter and its compiler when functions are decorated, i.e. when
+triton is first imported, from TRITON_INTERPRET. So that these tests work in any process (a
+full `pytest` run that also compiles kernels on a GPU, in any order), the first test starts one
+subprocess with TRITON_INTERPRET=1 that runs the rest of this file; in a process without the
+variable the rest are skipped with that reason, and their failures fail the first test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from cs336sys.attention import attention_logsumexp, naive_attention  # noqa: E402
+from cs336sys.attention.bench import run_flash_point, run_leaderboard_point  # noqa: E402
+from cs336sys.attention.flash_configs import BackwardConfig, Tiles  # noqa: E402
+from cs336sys.attention.flash_triton import (  # noqa: E402
+    FlashAttention2Triton,
+    flash_attention_triton_backward,
+    flash_attention_triton_forward,
+    kernels_interpreted,
+)
+from cs336sys.jobs import Unsupported  # noqa: E402
+
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1" and kernels_interpreted()
+interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess "
+                                 "of test_kernels_in_an_interpreter_process")
+
+
+def test_kernels_in_an_interpreter_process():
+    if IN_INTERPRETER:
+        pytest.skip("this process already interprets; the tests below run here")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x",
+           "-k", "not in_an_interpreter_process and not need_the_interpreter"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def random_qkv(lead, seq_q, seq_k, d):
+    return (torch.randn(*lead, seq_q, d, requires_grad=True),
+            torch.randn(*lead, seq_k, d, requires_grad=True),
+            torch.randn(*lead, seq_k, d, requires_grad=True))
+
+
+def reference_grads(q, k, v, grad_out, is_causal):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    naive_attention(q64, k64, v64, is_causal).backward(grad_out.double())
+    return q64.grad, k64.grad, v64.grad
+
+
+# The interpreter's tiles are 32 query rows x 16 keys (forward, dQ) and 16 x 32 (dK/dV), so
+# these lengths give several tiles per program, partial last tiles and the causal diagonal split.
+CASES = [  # (leading dims, seq_q, seq_k, d, causal)
+    ((2,), 64, 64, 16, True),
+    ((2,), 70, 70, 32, True),
+    ((1, 2), 45, 45, 16, False),
+    ((1, 2), 40, 100, 16, False),  # different query and key lengths
+    ((2, 1), 90, 50, 16, True),  # causal with more queries than keys
+    ((1, 1), 20, 75, 16, True),  # causal with more keys than queries
+]
+
+
+@interpreted
+@pytest.mark.parametrize("lead,seq_q,seq_k,d,causal", CASES)
+def test_triton_forward_backward_matches_float64(lead, seq_q, seq_k, d, causal):
+    q, k, v = random_qkv(lead, seq_q, seq_k, d)
+    out = FlashAttention2Triton.apply(q, k, v, causal)
+    lse = next(t for t in out.grad_fn.saved_tensors if t.shape == q.shape[:-1])
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    q64, k64 = q.detach().double(), k.detach().double()
+    assert rel_err(out, naive_attention(q64, k64, v.detach().double(), causal)) < 1e-5
+    assert rel_err(lse, attention_logsumexp(q64, k64, causal)) < 1e-5
+    for got, want in zip((q.grad, k.grad, v.grad), reference_grads(q, k, v, grad_out, causal), strict=True):
+        assert rel_err(got, want) < 1e-5
+
+
+@interpreted
+def test_atomic_dq_variant_matches():
+    q, k, v = random_qkv((2,), 70, 45, 16)
+    grad_out = torch.randn_like(q)
+    with torch.no_grad():
+        out, lse = flash_attention_triton_forward(q, k, v, True)
+        config = BackwardConfig(dkdv=Tiles(16, 32, 4, 1), dq=Tiles(32, 16, 4, 1), atomic_dq=True)
+        grads = flash_attention_triton_backward(q, k, v, out, lse, grad_out, True, config)
+    for got, want in zip(grads, reference_grads(q, k, v, grad_out, True), strict=True):
+        assert rel_err(got, want) < 1e-5
+
+
+@interpreted
+def test_non_contiguous_inputs():
+    # (batch, seq, heads, d) viewed as (batch, heads, seq, d): rows are strided
+    q, k, v = (torch.randn(1, 48, 2, 16).transpose(1, 2) for _ in range(3))
+    out = FlashAttention2Triton.apply(q, k, v, True)
+    assert rel_err(out, naive_attention(q.double(), k.double(), v.double(), True)) < 1e-5
+
+
+def test_cpu_tensors_need_the_interpreter():
+    code = ("import torch\n"
+            "from cs336sys.attention.flash_triton import FlashAttention2Triton\n"
+            "q = torch.randn(1, 32, 16)\n"
+            "try:\n"
+            "    FlashAttention2Triton.apply(q, q, q, False)\n"
+            "except ValueError as exc:\n"
+            "    print('ValueError:', exc)\n")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "ValueError: the Triton kernels need CUDA tensors" in result.stdout, result.stdout + result.stderr
+    assert "TRITON_INTERPRET=1" in result.stdout
+
+
+@interpreted
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: (torch.randn(1, 32, 48),) * 3, ValueError, "head dimension"),
+    (lambda: (torch.randn(1, 32, 16, dtype=torch.float64),) * 3, TypeError, "float32"),
+    (lambda: (torch.randn(1, 32, 16), torch.randn(1, 32, 16), torch.randn(1, 31, 16)), ValueError, "shape"),
+])
+def test_bad_inputs(make, error, match):
+    q, k, v = make()
+    with pytest.raises(error, match=match):
+        FlashAttention2Triton.apply(q, k, v, False)
+
+
+@interpreted
+def test_compiled_apply_matches_eager():
+    q, k, v = random_qkv((1, 2), 32, 32, 16)
+    out = torch.compile(FlashAttention2Triton.apply)(q, k, v, True)
+    out.sum().backward()
+    assert rel_err(out, naive_attention(q.double(), k.double(), v.double(), True)) < 1e-5
+    want = reference_grads(q, k, v, torch.ones_like(out), True)
+    assert rel_err(q.grad, want[0]) < 1e-5
+
+
+@interpreted
+def test_flash_point_runs_triton_through_the_interpreter_on_cpu():
+    metrics = run_flash_point({"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "fp32"})
+    assert metrics["fwd_bwd_ms"] > 0
+    with pytest.raises(Unsupported, match="float32 only"):
+        run_flash_point({"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "bf16"})
+
+
+@interpreted
+def test_leaderboard_point_smoke_on_cpu():
+    metrics = run_leaderboard_point({"device": "cpu", "impl": "ours", "heads": 2, "seq": 32, "d": 16,
+                                     "dtype": "fp32"})
+    assert metrics["fwd_bwd_ms"] > 0 and metrics["fwd_bwd_tflops"] > 0
