@@ -1,0 +1,216 @@
+"""The cluster profiles: they parse, a rule's `resources: gpu=N` reaches Slurm as `--gpus=N`,
+local rules stay local, and failures are fast and clear.
+
+The first tests need no Slurm (the sbatch test uses stand-in Slurm commands). The last ones
+submit tests/data/slurm_probe/Snakefile to a real cluster (.ci/slurm-up.sh, run by
+.ci/slurm-smoke.sh) and skip when no Slurm node answers.
+"""
+
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILES = REPO / "profiles"
+PROBE = REPO / "tests" / "data" / "slurm_probe" / "Snakefile"
+# How CI and these tests run on the throwaway cluster: the real profile plus the CI overrides.
+SLURM_CI = ["--profile", str(PROFILES / "slurm"), "--profile", str(PROFILES / "slurm-ci")]
+SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.")
+
+
+def profile(name: str) -> dict:
+    return yaml.safe_load((PROFILES / name / "config.yaml").read_text())
+
+
+def snakemake(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300):
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(PROBE), "--nocolor", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+# ---- the profiles themselves (no Slurm) ---------------------------------------------------------
+
+
+def test_slurm_profile_has_the_intended_settings():
+    p = profile("slurm")
+    assert p["executor"] == "slurm"
+    assert p["retries"] >= 1
+    assert p["slurm-logdir"]
+    resources = p["default-resources"]
+    assert {"slurm_partition", "runtime", "mem_mb"} <= resources.keys()
+    # GPUs are requested by the rules themselves, never as a default for every job.
+    assert not {"gpu", "gres", "slurm_extra"} & resources.keys()
+
+
+def test_slurm_ci_profile_overrides_the_cluster_specifics():
+    main, ci = profile("slurm"), profile("slurm-ci")
+    assert ci["slurm-status-command"] == "squeue"
+    assert ci["slurm-init-seconds-before-status-checks"] <= 10
+    assert "executor" not in ci, "CI must run the real profile, only overriding it"
+    # A later profile replaces a whole top-level key: the CI default-resources must restate all.
+    assert main["default-resources"].keys() <= ci["default-resources"].keys()
+
+
+def test_local_profile_serialises_gpu_jobs():
+    p = profile("local")
+    assert p.get("executor", "local") == "local"
+    assert p["cores"] == "all"
+    assert p["resources"]["gpu"] >= 1
+    # A profiles/default/ would silently change what a plain `snakemake -c1` does.
+    assert not (PROFILES / "default").exists()
+
+
+# ---- what sbatch receives, with stand-in Slurm commands (no Slurm) ------------------------------
+
+STUBS = {
+    # Record the call, "run" the probe job (write its output), answer with job id 1001, 1002, ...
+    "sbatch": 'echo "$*" >> "$STUB_LOG"; mkdir -p probe; echo stub > probe/gpu1.txt; '
+              'echo $((1000 + $(wc -l < "$STUB_LOG")))',
+    "squeue": 'for i in $(seq 1001 $((1000 + $(wc -l < "$STUB_LOG")))); do echo "$i|COMPLETED"; done',
+    # MinJobAge long enough for squeue-based status checks.
+    "scontrol": "echo 'MinJobAge = 600 sec'",
+    "sinfo": "echo 'gpu*'",
+    "sacct": "exit 1",
+    "sacctmgr": "exit 1",
+    "scancel": "exit 0",
+}
+
+
+@pytest.fixture
+def stub_slurm(tmp_path):
+    """Environment whose Slurm commands are the stand-ins above; STUB_LOG collects sbatch calls."""
+    # Not imported here: importing the plugin probes Slurm, slow where it is installed but down.
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        pytest.skip("snakemake-executor-plugin-slurm is not installed: pip install -e '.[slurm]'")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in STUBS.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "sbatch.log"
+    log.touch()
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", STUB_LOG=str(log))
+
+
+def test_profile_keys_are_options_of_the_installed_snakemake(stub_slurm):
+    # (The stand-ins keep the plugin's Slurm probes quick where Slurm is installed but down.)
+    help_text = subprocess.run([sys.executable, "-m", "snakemake", "--help"], env=stub_slurm,
+                               capture_output=True, text=True, timeout=120).stdout
+    for name in ["slurm", "slurm-ci", "local"]:
+        for key in profile(name):
+            assert f"--{key}" in help_text, f"profiles/{name}: unknown option {key!r}"
+
+
+def test_gpu_rule_reaches_sbatch_as_gpus_and_local_rule_stays_local(tmp_path, stub_slurm):
+    run = snakemake(*SLURM_CI, "--slurm-init-seconds-before-status-checks", "1",
+                    "probe/gpu1.txt", "probe/local.txt", cwd=tmp_path, env=stub_slurm, timeout=120)
+
+    assert run.returncode == 0, run.stderr
+    calls = Path(stub_slurm["STUB_LOG"]).read_text().splitlines()
+    assert len(calls) == 1, f"expected one sbatch call (the GPU rule), got {calls}"
+    call = calls[0]
+    assert "--gpus=1" in call
+    ci = profile("slurm-ci")["default-resources"]
+    for option in [f"-p {ci['slurm_partition']}", f"-t {ci['runtime']}", f"--mem {ci['mem_mb']}",
+                   f"--cpus-per-gpu={ci['cpus_per_gpu']}", "--nodes=1"]:
+        assert option in call
+    # The job re-invokes Snakemake on the node.
+    assert "--wrap=" in call and "--executor slurm-jobstep" in call
+    # The local rule ran here, outside any Slurm job.
+    assert (tmp_path / "probe" / "local.txt").read_text().strip() == "SLURM_JOB_ID="
+
+
+# ---- a real cluster (.ci/slurm-up.sh) ----------------------------------------------------------
+
+
+@functools.cache
+def _idle_node_gpus() -> int | str:
+    """GPUs of the first idle Slurm node, or why there is none (asked once: sinfo can take 10 s)."""
+    if shutil.which("sinfo") is None:
+        return "no Slurm here (sinfo not found); .ci/slurm-smoke.sh runs these tests"
+    try:
+        sinfo = subprocess.run(["sinfo", "-h", "-N", "-t", "idle,mixed", "-o", "%G"],
+                               capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 15 s"
+    match = re.search(r"gpu(?::[^:(\s]+)?:(\d+)", sinfo.stdout)
+    if match is None:
+        said = (sinfo.stdout + sinfo.stderr).strip().splitlines()[:1]
+        return f"no idle Slurm node with GPUs (sinfo: {said}); .ci/slurm-up.sh starts one"
+    return int(match.group(1))
+
+
+def node_gpus() -> int:
+    """GPUs of an idle Slurm node; skips the test when no Slurm answers."""
+    gpus = _idle_node_gpus()
+    if isinstance(gpus, str):
+        pytest.skip(gpus)
+    return gpus
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory):
+    """One run through Slurm: a 1-GPU job, an all-GPU job, a failing job and a local job."""
+    gpus = node_gpus()
+    cwd = tmp_path_factory.mktemp("slurm_probe")
+    run = snakemake(*SLURM_CI, "--keep-going", "--slurm-logdir", str(cwd / "slurm-logs"),
+                    "probe/gpu1.txt", f"probe/gpu{gpus}.txt", "probe/fail.txt", "probe/local.txt",
+                    cwd=cwd, timeout=300)
+    return gpus, cwd, run, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_gpu_request_arrives_at_slurm(probe_run, which):
+    gpus, cwd, _, output = probe_run
+    n = 1 if which == "one" else gpus
+    text = (cwd / "probe" / f"gpu{n}.txt").read_text()
+    # What Slurm recorded for the job: --gpus=N is a per-job GPU request (TRES).
+    assert re.search(rf"TresPerJob=gres[:/]gpu[:=]{n}\b", text), text
+    # The job ran exactly once (not once per GPU) and saw exactly its N devices.
+    visible = re.findall(r"^CUDA_VISIBLE_DEVICES=(.*)$", text, re.M)
+    assert len(visible) == 1, text
+    assert len(visible[0].split(",")) == n, text
+
+
+def test_only_gpu_rules_are_submitted(probe_run):
+    gpus, cwd, _, output = probe_run
+    submitted = SUBMITTED.findall(output)
+    assert len(submitted) == (2 if gpus > 1 else 1) + 1, output  # gpu1, gpu<all>, fail
+    assert (cwd / "probe" / "local.txt").read_text().strip() == "SLURM_JOB_ID="
+
+
+def test_failed_job_names_its_slurm_log_and_leaves_no_output(probe_run):
+    _, cwd, run, output = probe_run
+    assert run.returncode != 0
+    assert "Error in rule failing_probe" in output
+    log = re.search(r"log: (\S+/rule_failing_probe/\d+\.log)", output)
+    assert log, output
+    assert "probe failure on purpose" in Path(log.group(1)).read_text()
+    # Snakemake removed the half-written output.
+    assert not (cwd / "probe" / "fail.txt").exists()
+    # The other jobs still finished (--keep-going).
+    assert (cwd / "probe" / "gpu1.txt").exists()
+
+
+def test_more_gpus_than_the_node_has_fails_fast(tmp_path):
+    gpus = node_gpus()
+    start = time.monotonic()
+    run = snakemake(*SLURM_CI, f"probe/gpu{gpus + 1}.txt", cwd=tmp_path, timeout=120)
+    elapsed = time.monotonic() - start
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "Requested node configuration is not available" in output, output
+    assert f"--gpus={gpus + 1}" in output
+    assert elapsed < 60, f"took {elapsed:.0f} s"
