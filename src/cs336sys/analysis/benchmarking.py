@@ -199,7 +199,7 @@ def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: P
         if df.empty:
             continue
         for _, r in df.iterrows():
-            job = f"{kind}/{r['size']}-{r['compile'] if kind == 'benchmarking' else r['mode']}"
+            job = f"{kind}/{r['size']}-{r['compile']}" if kind == "benchmarking" else f"{kind}/{r['size']}"
             inside[job] = inside.get(job, 0.0) + float(r.get("point_wall_s") or 0.0)
     rows = [{"job": j, "wall s": w, "in points s": inside.get(j, 0.0), "overhead s": w - inside.get(j, 0.0)}
             for j, w in sorted(records.items())]
