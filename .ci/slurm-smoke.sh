@@ -19,8 +19,30 @@ SMOKE_TIMEOUT=${SLURM_SMOKE_TIMEOUT:-900}
 PYTHON=${PYTHON:-python}
 log() { echo "slurm-smoke: $*" >&2; }
 
-trap 'bash "$here/slurm-down.sh"' EXIT
-trap 'exit 130' INT TERM   # run the EXIT trap on interruption too
+# Long steps run in the background so that a signal interrupts `wait` at once (bash runs traps
+# only between commands). Snakemake ends cleanly (cancelling its Slurm jobs) on SIGINT, not on
+# SIGTERM, so a step is stopped with INT, both at its time limit and on interruption.
+child=""
+# run_step SECONDS COMMAND...: run COMMAND with a time limit, in the background, and wait for it.
+run_step() {
+    local limit=$1 status=0
+    shift
+    timeout --signal=INT --kill-after=30 "$limit" "$@" &
+    child=$!
+    wait "$child" || status=$?
+    child=""
+    return "$status"
+}
+cleanup() {
+    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
+        kill -INT "$child" 2>/dev/null || true   # timeout passes it on to the command
+        for _ in $(seq 150); do kill -0 "$child" 2>/dev/null || break; sleep 0.2; done
+        for pid in $(pgrep -P "$child") "$child"; do kill -KILL "$pid" 2>/dev/null || true; done
+    fi
+    bash "$here/slurm-down.sh"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 start=$SECONDS
 
 bash "$here/slurm-up.sh"
@@ -28,19 +50,18 @@ mkdir -p "$STATE_DIR"
 
 if [[ ${SLURM_SMOKE_TESTS:-1} != 0 ]]; then
     log "tests/test_slurm_profile.py against the cluster"
-    timeout 600 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_slurm_profile.py
+    run_step 600 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_slurm_profile.py
 fi
 
 log "smoke grid through Slurm (log: $STATE_DIR/smoke.log)"
 smoke_start=$(date +%s)
-set +e
-timeout "$SMOKE_TIMEOUT" "$PYTHON" -m snakemake --profile profiles/slurm --profile profiles/slurm-ci \
-    --nocolor --forceall writeup/report.pdf --config grid=smoke >"$STATE_DIR/smoke.log" 2>&1
-status=$?
-set -e
+status=0
+run_step "$SMOKE_TIMEOUT" "$PYTHON" -m snakemake --profile profiles/slurm \
+    --profile profiles/slurm-ci --nocolor --forceall writeup/report.pdf --config grid=smoke \
+    >"$STATE_DIR/smoke.log" 2>&1 || status=$?
 if ((status != 0)); then
     tail -n 80 "$STATE_DIR/smoke.log" >&2
-    if ((status == 124)); then log "ERROR: the pipeline did not finish within ${SMOKE_TIMEOUT}s"; fi
+    if ((status == 124 || status == 137)); then log "ERROR: the pipeline did not finish within ${SMOKE_TIMEOUT}s"; fi
     log "ERROR: the smoke grid failed through Slurm (exit $status); full log: $STATE_DIR/smoke.log"
     exit 1
 fi
