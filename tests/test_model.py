@@ -1,0 +1,86 @@
+import math
+
+import pytest
+import torch
+
+from cs336sys.model import RMSNorm, RotaryEmbedding, scaled_dot_product_attention, softmax
+from cs336sys.sizes import SIZES, build_model, forward_flops, get_size, parameter_count
+
+
+@pytest.mark.parametrize("name, expected", [("small", 128_625_408), ("medium", 423_183_360)])
+def test_parameter_counts_match_the_handout(name, expected):
+    model = build_model(name, context_length=16, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == expected == parameter_count(name)
+
+
+@pytest.mark.parametrize("name", [n for n in SIZES if n not in ("small", "medium")])
+def test_parameter_formula_matches_the_module_for_every_size(name):
+    model = build_model(name, context_length=16, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == parameter_count(name)
+
+
+def test_unknown_size_names_the_known_ones():
+    with pytest.raises(ValueError, match="unknown model size 'huge'.*small.*10B"):
+        get_size("huge")
+
+
+def test_no_biases_and_untied_head():
+    model = build_model("tiny", context_length=8)
+    assert not [n for n, _ in model.named_parameters() if "bias" in n]
+    assert model.lm_head.weight.data_ptr() != model.token_embeddings.weight.data_ptr()
+
+
+def test_forward_is_causal_and_shaped():
+    torch.manual_seed(0)
+    model = build_model("tiny", context_length=16)
+    tokens = torch.randint(0, 10_000, (2, 16))
+    logits = model(tokens)
+    assert logits.shape == (2, 16, 10_000)
+    changed = tokens.clone()
+    changed[:, 10:] = torch.randint(0, 10_000, (2, 6))
+    again = model(changed)
+    torch.testing.assert_close(again[:, :10], logits[:, :10])
+    assert not torch.allclose(again[:, 10:], logits[:, 10:])
+
+
+def test_too_long_sequence_is_a_clear_error():
+    model = build_model("tiny", context_length=8)
+    with pytest.raises(ValueError, match="exceeds context_length 8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_rmsnorm_matches_float64_reference():
+    x = torch.randn(3, 5, 32)
+    norm = RMSNorm(32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(32))
+    ref = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight.double()
+    torch.testing.assert_close(norm(x).double(), ref, rtol=1e-5, atol=1e-6)
+    assert norm(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_rope_rotates_pairs_and_keeps_norms():
+    rope = RotaryEmbedding(10_000.0, 8, 32)
+    x = torch.randn(2, 32, 8)
+    pos = torch.arange(32)
+    y = rope(x, pos)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(y[:, 0], x[:, 0])  # position 0 is not rotated
+    angle = 5 * 10_000.0 ** (-2 / 8)  # pair 1 at position 5
+    c, s = math.cos(angle), math.sin(angle)
+    torch.testing.assert_close(y[:, 5, 2], c * x[:, 5, 2] - s * x[:, 5, 3])
+
+
+def test_attention_and_softmax_match_float64_reference():
+    q, k, v = (torch.randn(2, 3, 7, 16) for _ in range(3))
+    mask = torch.ones(7, 7, dtype=torch.bool).tril()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask).double(), ref, rtol=1e-5, atol=1e-5)
+    big = torch.tensor([[1000.0, 1001.0, 999.0]])
+    assert torch.isfinite(softmax(big, dim=-1)).all()
+
+
+def test_flops_grow_as_expected():
+    small = forward_flops("small", 4, 512)
+    assert small > 2 * 4 * 512 * (parameter_count("small") - 10_000 * 768)  # matmuls + attention
+    assert forward_flops("small", 4, 1024) > 2 * small - 1  # quadratic attention term

@@ -1,0 +1,127 @@
+"""The pipeline's re-run contract, checked on a private copy of the repository:
+
+(a) after a complete run `snakemake -n` has nothing to do;
+(b) a content change to a module re-runs exactly the experiments that import it, their sections
+    and the report;
+(c) touching files without changing them schedules nothing;
+(d) a fresh checkout (any file times) with the committed results schedules no experiment;
+plus: a bad config value fails with the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CHEAP = {"benchmarking_section", "precision_section", "attention_section", "report_markdown", "report_pdf", "all"}
+SMOKE = ["writeup/report.pdf", "--config", "grid=smoke"]
+
+
+def snakemake(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd / "src")}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def scheduled(cwd: Path, *args: str) -> set[str]:
+    """Names of the rules a dry run would execute."""
+    proc = snakemake(cwd, *args, "-n", "--quiet", "rules")
+    out = (proc.stdout + proc.stderr).splitlines()
+    starts = [i for i, line in enumerate(out) if line.split()[:2] == ["job", "count"]]
+    if not starts:
+        assert any("Nothing to be done" in line for line in out), "\n".join(out[-40:])
+        return set()
+    start = starts[0]
+    rules = set()
+    for line in out[start + 2:]:
+        parts = line.split()
+        if not parts or parts[0] == "total":
+            break
+        rules.add(parts[0])
+    return rules
+
+
+def shuffle_times(root: Path) -> None:
+    """What a fresh clone looks like: file times in an arbitrary (checkout) order."""
+    files = [p for p in root.rglob("*") if p.is_file()]
+    random.shuffle(files)
+    for i, p in enumerate(files):
+        os.utime(p, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory) -> Path:
+    """The files a clone of this checkout would have (tracked and untracked-not-ignored)."""
+    dest = tmp_path_factory.mktemp("clone")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                            capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
+    proc = snakemake(repo_copy, "-n", "--config", "grid=huge", check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "grid" in text and "'huge' is not one of ['main', 'smoke']" in text
+
+
+def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
+    shuffle_times(repo_copy)
+    assert scheduled(repo_copy, "writeup/report.pdf") <= CHEAP
+
+
+@pytest.mark.slow
+def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
+    shutil.rmtree(repo_copy / "smoke", ignore_errors=True)
+    snakemake(repo_copy, "-c2", *SMOKE)
+    smoke = repo_copy / "smoke"
+    assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
+    assert "CPU numbers from the smoke grid" in (smoke / "writeup" / "report.md").read_text()
+    assert not (repo_copy / "writeup" / "report.md").exists() or \
+        "smoke grid" not in (repo_copy / "writeup" / "report.md").read_text()
+
+    # (a) a complete run leaves nothing to do
+    assert scheduled(repo_copy, *SMOKE) == set()
+
+    # (c) touching sources, results and the workflow changes nothing
+    for p in (repo_copy / "src").rglob("*.py"):
+        p.touch()
+    for p in (repo_copy / "workflow").rglob("*"):
+        p.touch()
+    assert scheduled(repo_copy, *SMOKE) == set()
+
+    # (b) a content change to the model re-runs the experiments that import it, and nothing else
+    model = repo_copy / "src" / "cs336sys" / "model.py"
+    original = model.read_text()
+    model.write_text(original + "\n# changed\n")
+    rules = scheduled(repo_copy, *SMOKE)
+    experiments = rules - CHEAP
+    assert experiments and all(r.startswith(("benchmarking_", "warmup_")) for r in experiments)
+    assert {"benchmarking_section", "report_markdown", "report_pdf"} <= rules
+    assert "precision_section" not in rules and "matmul_peak" not in rules
+    model.write_text(original)
+    assert scheduled(repo_copy, *SMOKE) == set()  # content back: nothing stale
+
+    precision = repo_copy / "src" / "cs336sys" / "precision.py"
+    precision.write_text(precision.read_text() + "\n# changed\n")
+    assert scheduled(repo_copy, *SMOKE) - CHEAP == {"mixed_precision_accumulation", "autocast_dtypes"}
+
+    # (d) smoke results under arbitrary file times: no experiment re-runs
+    precision.write_text(precision.read_text().removesuffix("\n# changed\n"))
+    shuffle_times(smoke)
+    assert scheduled(repo_copy, *SMOKE) <= CHEAP
