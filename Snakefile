@@ -1,9 +1,9 @@
 # cs336sys: CS336 Assignment 2 (Systems and Parallelism), measured and written up.
 #   snakemake -c1 writeup/report.pdf                      # main grid (GPU results), renders the report
-#   snakemake -c1 --config grid=smoke writeup/report.pdf  # tiny CPU grid, everything under smoke/
+#   snakemake -c1 writeup/report.pdf --config grid=smoke  # tiny CPU grid, everything under smoke/
 # See README.md; a result file's rule is in workflow/rules/<part>.smk, named after its directory.
 
-configfile: "config.yaml"
+configfile: f"{workflow.basedir}/config.yaml"
 
 
 include: "workflow/rules/common.smk"
@@ -11,7 +11,7 @@ include: "workflow/rules/common.smk"
 
 if config["grid"] == "smoke":
 
-    workdir: "smoke"
+    workdir: f"{workflow.basedir}/smoke"
 
 
 include: "workflow/rules/benchmarking.smk"

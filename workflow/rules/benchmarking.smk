@@ -118,6 +118,9 @@ rule benchmarking_section:
         # the pipeline-overhead table reads the jobs' own wall-clock records
         [f"benchmarks/benchmarking/{s}-{c}.tsv" for s, c in BENCH_JOBS],
         [f"benchmarks/warmup/{s}.tsv" for s in WARMUP_JOBS],
+        "benchmarks/peak.tsv",
+        "benchmarks/precision/accumulation.tsv",
+        "benchmarks/precision/autocast.tsv",
     output:
         directory("results/sections/benchmarking"),
     params:

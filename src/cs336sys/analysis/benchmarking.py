@@ -40,6 +40,8 @@ def _pivot_cells(df: pd.DataFrame, index: list[str], column: str) -> pd.DataFram
 
 def build(paths: list[Path], out: Path) -> dict:
     frame = results_frame(paths)
+    if "context_length" in frame:
+        frame["context_length"] = frame["context_length"].astype("Int64")
     bench = frame[frame.problem == "benchmarking"].copy()
     warm = frame[frame.problem == "warmup"].copy()
     peak = frame[frame.problem == "matmul_peak"].copy()
@@ -82,6 +84,8 @@ def build(paths: list[Path], out: Path) -> dict:
     if not train.empty:
         mfu = _sorted(train[["size", "context_length", "dtype", "compile", "median_ms", "achieved_tflops",
                              "peak_tflops", "mfu_pct"]], "size", "context_length", "dtype", "compile")
+        mfu = mfu.rename(columns={"context_length": "context", "median_ms": "median ms",
+                                  "achieved_tflops": "TFLOP/s", "peak_tflops": "ceiling TFLOP/s", "mfu_pct": "MFU %"})
         ctx["tables"]["mfu"] = save_table(mfu, out, "mfu", digits=1)
         best = train.loc[train.mfu_pct.idxmax()]
         ctx["best_mfu"] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
@@ -127,6 +131,8 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     ax.legend()
     return {"tables_bf16": md, "figure_bf16": save_figure(fig, out, "bf16_speedup"),
             "bf16_train_speedup": {r["size"]: float(r.speedup) for _, r in at.iterrows()},
+            "bf16_slower": sorted({f"{r['size']} {MODE_LABEL[r['mode']]} (context {r['context_length']})"
+                                   for _, r in wide[wide.speedup < 1].iterrows()}),
             "bf16_context_length": c}
 
 
@@ -191,7 +197,9 @@ def _warmup(warm: pd.DataFrame, out: Path) -> dict:
 def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: Path) -> dict:
     """Pipeline overhead per job: the job's wall time (Snakemake's benchmark record) minus the time
     spent inside its points (model build, compile, warm-up, timed steps)."""
-    records = {p.parent.name + "/" + p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
+    # Jobs whose results are not inputs here (precision) count as all overhead: an upper bound.
+    records = {p.relative_to(p.parents[1]).with_suffix("").as_posix() if p.parent.name != "benchmarks" else p.stem:
+               read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
     if not records:
         return {}
     inside: dict[str, float] = {}

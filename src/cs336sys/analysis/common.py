@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -80,7 +81,7 @@ def environment_summary(df: pd.DataFrame) -> dict:
         "python": ", ".join(values("env.python")),
         "first_date": stamps[0][:10] if stamps else "",
         "last_date": stamps[-1][:10] if stamps else "",
-        "commits": [c[:8] for c in values("env.git_commit")],
+        "commits": [c[:8] for c in values("env.git_commit") if re.fullmatch(r"[0-9a-f]{40}", c)],
         "points": int(len(df)),
         "status_counts": {k: int(v) for k, v in df["status"].value_counts().items()},
     }
