@@ -16,6 +16,7 @@ if config["grid"] == "smoke":
 
 include: "workflow/rules/benchmarking.smk"
 include: "workflow/rules/precision.smk"
+include: "workflow/rules/attention.smk"
 include: "workflow/rules/report.smk"
 
 

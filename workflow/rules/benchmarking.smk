@@ -125,7 +125,8 @@ rule benchmarking_section:
         directory("results/sections/benchmarking"),
     params:
         section="benchmarking",
-        code=code_hash("cs336sys.analysis"),
+        extra="{}",
+        code=code_hash("cs336sys.analysis.benchmarking"),
     log:
         "logs/sections/benchmarking.log",
     shell:

@@ -23,7 +23,10 @@ EXPERIMENT = (
     '"$CS336SYS_PYTHON" -m cs336sys.run {params.problem} --function {params.function} '
     "--points {params.points:q} --outputs {output:q} 2>&1 | tee {log}"
 )
-ANALYSIS = '"$CS336SYS_PYTHON" -m cs336sys.analysis {params.section} --results {input:q} --out {output:q} > {log} 2>&1'
+ANALYSIS = (
+    '"$CS336SYS_PYTHON" -m cs336sys.analysis {params.section} --results {input:q} --out {output:q} '
+    "--extra {params.extra:q} > {log} 2>&1"
+)
 
 
 def experiment_code(function):

@@ -49,7 +49,8 @@ rule precision_section:
         directory("results/sections/precision"),
     params:
         section="precision",
-        code=code_hash("cs336sys.analysis"),
+        extra="{}",
+        code=code_hash("cs336sys.analysis.precision"),
     log:
         "logs/sections/precision.log",
     shell:

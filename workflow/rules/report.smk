@@ -1,6 +1,6 @@
 # The report: section directories -> writeup/report.md -> writeup/report.pdf (both cheap, local).
 
-SECTIONS = ["benchmarking", "precision"]
+SECTIONS = ["benchmarking", "precision", "attention"]
 TEMPLATES = os.path.relpath(os.path.join(REPO, "writeup", "templates"), os.getcwd())
 
 

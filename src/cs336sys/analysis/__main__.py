@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import shutil
 import sys
 import tempfile
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("section")
     p.add_argument("--results", nargs="*", default=[])
     p.add_argument("--out", required=True)
+    p.add_argument("--extra", default="{}", help="JSON: settings from the config a section needs (e.g. references)")
     a = p.parse_args(argv)
     module = importlib.import_module(f"cs336sys.analysis.{a.section}")
     out = Path(a.out)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None, prefix=f".{out.name}."))
     try:
         paths = [Path(r) for r in a.results]
-        context = module.build(paths, tmp)
+        context = module.build(paths, tmp, **json.loads(a.extra))
         context["result_counts"] = _result_counts(paths)
         write_json_atomic(tmp / "context.json", context)
         if out.exists():

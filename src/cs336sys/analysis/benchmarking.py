@@ -38,7 +38,7 @@ def _pivot_cells(df: pd.DataFrame, index: list[str], column: str) -> pd.DataFram
     return _sorted(wide, *index)
 
 
-def build(paths: list[Path], out: Path) -> dict:
+def build(paths: list[Path], out: Path, **_: object) -> dict:
     frame = results_frame(paths)
     if "context_length" in frame:
         frame["context_length"] = frame["context_length"].astype("Int64")

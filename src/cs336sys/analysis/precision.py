@@ -9,7 +9,7 @@ import pandas as pd
 from cs336sys.analysis.common import environment_summary, results_frame, save_table
 
 
-def build(paths: list[Path], out: Path) -> dict:
+def build(paths: list[Path], out: Path, **_: object) -> dict:
     frame = results_frame(paths)
     ctx: dict = {"env": environment_summary(frame), "tables": {}}
     acc = frame[(frame.problem == "mixed_precision_accumulation") & (frame.status == "ok")]

@@ -1,0 +1,174 @@
+"""Section: attention — naive PyTorch attention and its compiled version (problems 7, 8a), the
+FlashAttention-2 benchmark grid (11) and the 2025 leaderboard shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from cs336sys.analysis.common import environment_summary, results_frame, save_figure, save_table
+
+IMPL_LABEL = {"triton": "ours (Triton)", "sdpa": "PyTorch SDPA", "naive": "naive PyTorch",
+              "naive_compiled": "naive, torch.compile"}
+# Targets of the project's attention issue (ratios measured in the same run).
+TARGETS = {"forward_vs_sdpa": 1.25, "fwd_bwd_vs_sdpa": 1.5, "naive_over_ours_at_16384": 20.0}
+
+
+def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: object) -> dict:
+    frame = results_frame(paths)
+    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}}
+    if frame.empty:
+        return ctx
+    for col in ("seq", "d", "batch", "heads"):
+        if col in frame:
+            frame[col] = frame[col].astype("Int64")
+    ctx.update(_pytorch_attention(frame[frame.problem == "pytorch_attention"], out))
+    ctx.update(_flash(frame[frame.problem == "flash_benchmarking"], out))
+    ctx.update(_leaderboard(frame[frame.problem == "flash_leaderboard"], out, reference_ms or {}))
+    return ctx
+
+
+def _status_or(value_col: str, digits: int = 2):
+    def cell(row) -> str:
+        if row["status"] != "ok":
+            return row["status"]
+        return "n/a" if pd.isna(row.get(value_col)) else f"{row[value_col]:.{digits}f}"
+    return cell
+
+
+def _pytorch_attention(df: pd.DataFrame, out: Path) -> dict:
+    if df.empty:
+        return {}
+    ctx: dict = {"pt_tables": {}}
+    for impl, g in df.groupby("impl"):
+        g = g.sort_values(["d", "seq"]).copy()
+        g["memory_before_backward_mib"] = g.get("memory_before_backward_bytes", pd.Series(dtype=float)) / 2**20
+        table = pd.DataFrame({
+            "d": g["d"], "seq": g["seq"],
+            "forward ms": g.apply(_status_or("forward_ms", 3), axis=1),
+            "backward ms": g.apply(_status_or("backward_ms", 3), axis=1),
+            "memory before backward MiB": g.apply(_status_or("memory_before_backward_mib", 0), axis=1),
+        })
+        ctx["pt_tables"][impl] = save_table(table, out, f"pytorch_attention_{impl}")
+    batch = int(df["batch"].iloc[0])
+    ctx["pt_batch"] = batch
+    oom = df[df.status == "oom"].sort_values(["seq", "d"])
+    ok = df[df.status == "ok"].sort_values(["seq", "d"])
+    # Memory accounting: the smallest configuration that ran out, or the largest that ran.
+    row = oom.iloc[0] if not oom.empty else ok.iloc[-1]
+    ctx["pt_accounting"] = _attention_memory(batch, int(row["seq"]), int(row["d"]))
+    ctx["pt_accounting"]["status"] = row["status"]
+    ctx["pt_accounting"]["impl"] = row["impl"]
+    if row["status"] == "ok" and "memory_before_backward_bytes" in row:
+        ctx["pt_accounting"]["measured_gib"] = float(row["memory_before_backward_bytes"]) / 2**30
+    ctx["pt_oom"] = [f"{r['impl']} d={r['d']} seq={r['seq']}" for _, r in oom.iterrows()]
+    if {"eager", "compiled"} <= set(df["impl"]):
+        keys = ["d", "seq"]
+        m = ok[ok.impl == "eager"][keys + ["forward_ms", "backward_ms"]].merge(
+            ok[ok.impl == "compiled"][keys + ["forward_ms", "backward_ms"]], on=keys, suffixes=("_eager", "_compiled"))
+        m["forward speed-up"] = m.forward_ms_eager / m.forward_ms_compiled
+        m["backward speed-up"] = m.backward_ms_eager / m.backward_ms_compiled
+        ctx["pt_compile_table"] = save_table(m.sort_values(keys), out, "pytorch_attention_compiled_vs_eager")
+        ctx["pt_compile_forward_range"] = [float(m["forward speed-up"].min()), float(m["forward speed-up"].max())]
+    return ctx
+
+
+def _attention_memory(batch: int, seq: int, d: int, bytes_per: int = 4) -> dict:
+    """What naive attention holds before the backward: inputs, the score matrix's softmax kept for
+    backward, the output; plus the transient scores while the softmax runs."""
+    qkv = 3 * batch * seq * d * bytes_per
+    scores = batch * seq * seq * bytes_per
+    saved = qkv + scores + batch * seq * d * bytes_per  # Q, K, V, softmax(P), O
+    return {"batch": batch, "seq": seq, "d": d, "qkv_gib": qkv / 2**30, "scores_gib": scores / 2**30,
+            "saved_gib": saved / 2**30, "peak_forward_gib": (saved + scores) / 2**30}
+
+
+def _flash(df: pd.DataFrame, out: Path) -> dict:
+    ok = df[df.status == "ok"]
+    if ok.empty:
+        return {}
+    ctx: dict = {"flash_tables": {}, "flash_figures": {}}
+    wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl",
+                          values=["forward_ms", "backward_ms", "fwd_bwd_ms"]).reset_index()
+    wide.columns = [f"{a}:{b}" if b else a for a, b in wide.columns]
+    statuses = df.pivot_table(index=["dtype", "d", "seq"], columns="impl", values="status", aggfunc="first")
+    for dtype, g in wide.groupby("dtype"):
+        rows = []
+        for _, r in g.sort_values(["d", "seq"]).iterrows():
+            row = {"d": r["d"], "seq": r["seq"]}
+            for impl in [i for i in IMPL_LABEL if f"fwd_bwd_ms:{i}" in g]:
+                st = statuses.loc[(dtype, r["d"], r["seq"]), impl] if impl in statuses else "missing"
+                for part, label in (("forward_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd")):
+                    value = r.get(f"{part}:{impl}")
+                    row[f"{impl} {label}"] = f"{value:.3f}" if st == "ok" and pd.notna(value) else st
+            if "fwd_bwd_ms:triton" in g and "fwd_bwd_ms:sdpa" in g:
+                row["ours/SDPA fwd+bwd"] = r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]
+            if "fwd_bwd_ms:triton" in g and "fwd_bwd_ms:naive" in g:
+                row["naive/ours fwd+bwd"] = r["fwd_bwd_ms:naive"] / r["fwd_bwd_ms:triton"]
+            rows.append(row)
+        ctx["flash_tables"][dtype] = save_table(pd.DataFrame(rows), out, f"flash_{dtype}")
+    ctx["flash_figures"]["times"] = _flash_figure(ok, out)
+    if "sdpa_backend" in ok:
+        ctx["sdpa_backends"] = {f"{r['dtype']}": r["sdpa_backend"] for _, r in ok[ok.impl == "sdpa"].iterrows()}
+    ctx["flash_targets"] = _targets(wide)
+    return ctx
+
+
+def _targets(wide: pd.DataFrame) -> list[dict]:
+    rows = []
+    big = wide[(wide["dtype"] == "bf16") & (wide["seq"] >= 8192) & (wide["d"].isin([64, 128]))]
+    for _, r in big.sort_values(["d", "seq"]).iterrows():
+        if "forward_ms:triton" not in r or "forward_ms:sdpa" not in r:
+            continue
+        fwd = r["forward_ms:triton"] / r["forward_ms:sdpa"]
+        fb = r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]
+        row = {"d": int(r["d"]), "seq": int(r["seq"]), "forward_vs_sdpa": float(fwd), "fwd_bwd_vs_sdpa": float(fb),
+               "forward_ok": bool(fwd <= TARGETS["forward_vs_sdpa"]),
+               "fwd_bwd_ok": bool(fb <= TARGETS["fwd_bwd_vs_sdpa"])}
+        naive = r.get("fwd_bwd_ms:naive")
+        if int(r["seq"]) == 16384 and pd.notna(naive):
+            row["naive_over_ours"] = float(naive / r["fwd_bwd_ms:triton"])
+            row["naive_ok"] = bool(row["naive_over_ours"] >= TARGETS["naive_over_ours_at_16384"])
+        rows.append(row)
+    return rows
+
+
+def _flash_figure(ok: pd.DataFrame, out: Path) -> str:
+    panels = [(dt, d) for dt in ("bf16", "fp32") for d in (64, 128)
+              if not ok[(ok["dtype"] == dt) & (ok["d"] == d)].empty]
+    if not panels:
+        panels = sorted({(r["dtype"], int(r["d"])) for _, r in ok.iterrows()})[:4]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4), squeeze=False)
+    for ax, (dt, d) in zip(axes[0], panels, strict=True):
+        for impl, g in ok[(ok["dtype"] == dt) & (ok["d"] == d)].groupby("impl"):
+            g = g.sort_values("seq")
+            ax.plot(g["seq"], g["fwd_bwd_ms"], marker="o", ms=3, label=IMPL_LABEL.get(impl, impl))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{dt}, d={d}, causal")
+        ax.set_xlabel("sequence length")
+    axes[0][0].set_ylabel("forward+backward (ms, log scale)")
+    axes[0][0].legend(fontsize=7)
+    return save_figure(fig, out, "flash_times")
+
+
+def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
+    if df.empty:
+        return {}
+    rows = []
+    for _, r in df.iterrows():
+        rows.append({"implementation": r["impl"], "status": r["status"],
+                     "fwd+bwd ms": r.get("fwd_bwd_ms") if r["status"] == "ok" else None,
+                     "TFLOP/s": r.get("fwd_bwd_tflops") if r["status"] == "ok" else None})
+    table = pd.DataFrame(rows)
+    first = df.iloc[0]
+    ctx = {"lb_table": save_table(table, out, "leaderboard", digits=3), "lb_reference_ms": reference_ms,
+           "lb_shape": {k: int(first[k]) for k in ("batch", "heads", "seq", "d")} | {"dtype": first["dtype"]}}
+    ok = df[df.status == "ok"].set_index("impl")
+    if "ours" in ok.index:
+        ctx["lb_ours_ms"] = float(ok.loc["ours", "fwd_bwd_ms"])
+        ctx["lb_ratios"] = {impl: float(ok.loc["ours", "fwd_bwd_ms"] / ok.loc[impl, "fwd_bwd_ms"])
+                            for impl in ok.index if impl != "ours"}
+    return ctx
