@@ -80,6 +80,16 @@ def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
     assert "grid" in text and "'huge' is not one of ['main', 'smoke']" in text
 
 
+def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = (repo_copy / "config.yaml").read_text()
+    bad.write_text(text.replace("sizes: [small, medium, large, xl, 2.7B, 10B]", "sizes: [small, huge]", 1))
+    proc = snakemake(repo_copy, "-n", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "'huge' is not one of" in text and "'small'" in text and "sizes" in text
+
+
 def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
     shuffle_times(repo_copy)
     assert scheduled(repo_copy, "writeup/report.pdf") <= CHEAP
