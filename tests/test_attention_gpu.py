@@ -72,18 +72,21 @@ def test_pytorch_flash_matches_float64_on_gpu(dtype):
     check_against_float64(FlashAttention2PyTorch, (2, 2), 200, 200, 64, True, dtype)
 
 
-def test_triton_atomic_dq_variant_on_gpu():
-    from cs336sys.attention.flash_configs import BackwardConfig, Tiles
+@pytest.mark.parametrize("d,config", [(64, (64, 64, 64, 64, 4, 3)), (128, (32, 64, 64, 64, 4, 2))])
+@pytest.mark.parametrize("fused", [False, True])
+def test_backward_launch_layouts_on_gpu(d, config, fused):
+    """The table picks one launch per kind of program for many heads x long sequences; check both
+    layouts at a small shape (the table would pick the fused one here)."""
+    from cs336sys.attention.flash_configs import BackwardConfig
     from cs336sys.attention.flash_triton import flash_attention_triton_backward, flash_attention_triton_forward
 
-    q, k, v = (torch.randn(1, 4, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, 4, 1000, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     grad_out = torch.randn_like(q)
     out, lse = flash_attention_triton_forward(q, k, v, True)
-    config = BackwardConfig(dkdv=Tiles(32, 128, 4, 3), dq=Tiles(128, 32, 4, 3), atomic_dq=True)
-    dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, True, config)
+    grads = flash_attention_triton_backward(q, k, v, out, lse, grad_out, True, BackwardConfig(*config, fused=fused))
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     naive_attention(q64, k64, v64, True).backward(grad_out.double())
-    for got, want in ((dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
+    for got, want in zip(grads, (q64.grad, k64.grad, v64.grad), strict=True):
         assert rel_err(got, want) < TOLERANCE[torch.bfloat16]
 
 

@@ -89,13 +89,16 @@ def test_triton_forward_backward_matches_float64(lead, seq_q, seq_k, d, causal):
 
 
 @interpreted
-def test_atomic_dq_variant_matches():
+def test_explicit_tile_configs_match():
     q, k, v = random_qkv((2,), 70, 45, 16)
     grad_out = torch.randn_like(q)
+    forward = Tiles(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    backward = BackwardConfig(block_m_kv=16, block_n_kv=16, block_m_q=16, block_n_q=16, num_warps=4,
+                              num_stages=1, fused=False)  # one launch per kind of program
     with torch.no_grad():
-        out, lse = flash_attention_triton_forward(q, k, v, True)
-        config = BackwardConfig(dkdv=Tiles(16, 32, 4, 1), dq=Tiles(32, 16, 4, 1), atomic_dq=True)
-        grads = flash_attention_triton_backward(q, k, v, out, lse, grad_out, True, config)
+        out, lse = flash_attention_triton_forward(q, k, v, True, forward)
+        grads = flash_attention_triton_backward(q, k, v, out, lse, grad_out, True, backward)
+    assert rel_err(out, naive_attention(q.double(), k.double(), v.double(), True)) < 1e-5
     for got, want in zip(grads, reference_grads(q, k, v, grad_out, True), strict=True):
         assert rel_err(got, want) < 1e-5
 

@@ -31,9 +31,10 @@ def kernels_interpreted() -> bool:
 
 
 def _as_heads(t: torch.Tensor) -> torch.Tensor:
-    """(..., seq, d) -> (batch*heads, seq, d) with a contiguous last dimension (a view if it can)."""
-    t = t.reshape(-1, t.shape[-2], t.shape[-1])
-    return t if t.stride(-1) == 1 else t.contiguous()
+    """(..., seq, d) -> contiguous (batch*heads, seq, d): a view when the input is contiguous."""
+    if t.is_contiguous():
+        return t.view(-1, t.shape[-2], t.shape[-1])
+    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
 
 
 def flash_attention_triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
@@ -42,7 +43,8 @@ def flash_attention_triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """O (q's shape and dtype) and L (q.shape[:-1], float32) without autograd."""
     q3, k3, v3 = _as_heads(q), _as_heads(k), _as_heads(v)
     if config is None:
-        config = flash_configs.forward_config(q.shape[-1], q.dtype, q3.shape[1], q3.shape[0], q.device)
+        config = flash_configs.forward_config(q.shape[-1], q.dtype, q3.shape[1], q3.shape[0],
+                                              q.device.type == "cuda")
     out, lse = flash_triton_forward.flash_forward(q3, k3, v3, is_causal, config)
     return out.view(q.shape), lse.view(q.shape[:-1])
 
@@ -51,17 +53,20 @@ def flash_attention_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     out: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor,
                                     is_causal: bool, config: flash_configs.BackwardConfig | None = None,
                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (shapes and dtypes of q, k, v) from the forward's O and L."""
     q3, k3, v3, o3, do3 = (_as_heads(t) for t in (q, k, v, out, grad_out))
     if config is None:
-        config = flash_configs.backward_config(q.shape[-1], q.dtype, k3.shape[1], k3.shape[0], q.device)
-    dq, dk, dv = flash_triton_backward.flash_backward(q3, k3, v3, o3, lse.reshape(q3.shape[:2]), do3, is_causal,
-                                             config)
+        config = flash_configs.backward_config(q.shape[-1], q.dtype, k3.shape[1], k3.shape[0],
+                                               q.device.type == "cuda")
+    dq, dk, dv = flash_triton_backward.flash_backward(q3, k3, v3, o3, lse.reshape(q3.shape[:2]), do3,
+                                                      is_causal, config)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
-# The kernels are registered as PyTorch custom operators so that torch.compile can trace the
-# autograd.Function without a graph break: it treats each launch as one opaque node whose
-# output shapes the fake implementations below describe.
+# For torch.compile the kernels are registered as PyTorch custom operators, so that it traces the
+# autograd.Function without a graph break: each launch is one opaque node whose output shapes the
+# fake implementations describe. Eagerly the functions are called directly, because the custom
+# operator's dispatch costs tens of microseconds per call, as much as a short kernel.
 @torch.library.custom_op("cs336sys::flash_attention_triton_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +98,10 @@ class FlashAttention2Triton(torch.autograd.Function):
         if q.device.type != "cuda" and not kernels_interpreted():
             raise ValueError(f"the Triton kernels need CUDA tensors (got {q.device}); to run them on the "
                              "CPU set TRITON_INTERPRET=1 before triton is imported")
-        out, lse = _forward_op(q, k, v, is_causal)
+        if torch.compiler.is_compiling():
+            out, lse = _forward_op(q, k, v, is_causal)
+        else:
+            out, lse = flash_attention_triton_forward(q, k, v, is_causal)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
         return out
@@ -101,5 +109,8 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         lse, q, k, v, out = ctx.saved_tensors
-        dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, ctx.is_causal)
+        if torch.compiler.is_compiling():
+            dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, ctx.is_causal)
+        else:
+            dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
         return dq, dk, dv, None

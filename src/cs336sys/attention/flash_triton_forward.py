@@ -5,7 +5,8 @@ key/value tiles once with an online softmax in base 2 (log2(e) is folded into th
 the exponentials are exp2). With `is_causal` the walk has two parts: key tiles wholly at or below
 the diagonal, with no masking, then the tiles that cross it, where masked scores get -1e6; tiles
 wholly above the diagonal are never loaded. Loads use plain pointer arithmetic (no block
-pointers), so the module works from Triton 3.2 to 3.9.
+pointers), so the module works from Triton 3.2 to 3.9. All tensors are contiguous
+(batch*heads, seq, d): row stride d, head stride seq * d.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, rows,
-                      n_start, n_end, seq_k, qk_scale,
+def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, n_start, n_end, seq_k, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                       CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr):
     """Fold key tiles [n_start, n_end) into the running (acc, row_sum, row_max), base-2 units."""
@@ -31,12 +31,11 @@ def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, stride_kn, strid
     offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_start, n_end, BLOCK_N):
         cols = n0 + offs_n
-        k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
+        offs = cols[:, None] * HEAD_DIM + offs_d[None, :]
         if KEY_MASK:
-            k = tl.load(k_ptrs, mask=cols[:, None] < seq_k, other=0.0)
+            k = tl.load(k_base + offs, mask=cols[:, None] < seq_k, other=0.0)
         else:
-            k = tl.load(k_ptrs)
+            k = tl.load(k_base + offs)
         scores = tl.dot(q, tl.trans(k))
         if CAUSAL_MASK:
             scores = tl.where(rows[:, None] >= cols[None, :], scores, -1.0e6)
@@ -47,18 +46,16 @@ def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, stride_kn, strid
         correction = tl.math.exp2(row_max - new_max)
         row_sum = row_sum * correction + tl.sum(p, 1)
         if KEY_MASK:
-            v = tl.load(v_ptrs, mask=cols[:, None] < seq_k, other=0.0)
+            v = tl.load(v_base + offs, mask=cols[:, None] < seq_k, other=0.0)
         else:
-            v = tl.load(v_ptrs)
+            v = tl.load(v_base + offs)
         acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None])
         row_max = new_max
     return acc, row_sum, row_max
 
 
 @triton.jit
-def flash_forward_kernel(Q, K, V, O, LSE,
-                         stride_qb, stride_qm, stride_kb, stride_kn, stride_vb, stride_vn,
-                         stride_ob, stride_om, seq_q, seq_k, qk_scale,
+def flash_forward_kernel(Q, K, V, O, LSE, seq_q, seq_k, qk_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -67,14 +64,13 @@ def flash_forward_kernel(Q, K, V, O, LSE,
     bh = tl.program_id(1).to(tl.int64)
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + bh * stride_qb + rows[:, None] * stride_qm + offs_d[None, :]
+    q_offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     if EVEN_M:
-        q = tl.load(q_ptrs)
+        q = tl.load(Q + q_offs)
     else:
-        q = tl.load(q_ptrs, mask=rows[:, None] < seq_q, other=0.0)
-    k_base = K + bh * stride_kb
-    v_base = V + bh * stride_vb
+        q = tl.load(Q + q_offs, mask=rows[:, None] < seq_q, other=0.0)
+    k_base = K + bh * seq_k * HEAD_DIM
+    v_base = V + bh * seq_k * HEAD_DIM
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -82,43 +78,39 @@ def flash_forward_kernel(Q, K, V, O, LSE,
     if IS_CAUSAL:
         # BLOCK_M is a multiple of BLOCK_N, so m0 is a tile boundary between the two parts.
         below_end = tl.minimum(m0, seq_k)
-        acc, row_sum, row_max = _attend_key_tiles(
-            acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, rows, 0, below_end,
-            seq_k, qk_scale, HEAD_DIM, BLOCK_N, False, not EVEN_N)
-        acc, row_sum, row_max = _attend_key_tiles(
-            acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, rows, below_end,
-            tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale, HEAD_DIM, BLOCK_N, True, not EVEN_N)
+        acc, row_sum, row_max = _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, 0,
+                                                  below_end, seq_k, qk_scale, HEAD_DIM, BLOCK_N, False,
+                                                  not EVEN_N)
+        acc, row_sum, row_max = _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows,
+                                                  below_end, tl.minimum(m0 + BLOCK_M, seq_k), seq_k,
+                                                  qk_scale, HEAD_DIM, BLOCK_N, True, not EVEN_N)
     else:
-        acc, row_sum, row_max = _attend_key_tiles(
-            acc, row_sum, row_max, q, k_base, v_base, stride_kn, stride_vn, rows, 0, seq_k,
-            seq_k, qk_scale, HEAD_DIM, BLOCK_N, False, not EVEN_N)
+        acc, row_sum, row_max = _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, 0,
+                                                  seq_k, seq_k, qk_scale, HEAD_DIM, BLOCK_N, False,
+                                                  not EVEN_N)
 
     out = acc / row_sum[:, None]
     lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453  # natural-log L, as saved
-    o_ptrs = O + bh * stride_ob + rows[:, None] * stride_om + offs_d[None, :]
     lse_ptrs = LSE + bh * seq_q + rows
     if EVEN_M:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty))
+        tl.store(O + q_offs, out.to(O.dtype.element_ty))
         tl.store(lse_ptrs, lse)
     else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rows[:, None] < seq_q)
+        tl.store(O + q_offs, out.to(O.dtype.element_ty), mask=rows[:, None] < seq_q)
         tl.store(lse_ptrs, lse, mask=rows < seq_q)
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                   config: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and natural-log L for (batch*heads, seq, d) tensors whose last dimension is contiguous."""
+    """O and natural-log L for contiguous (batch*heads, seq, d) tensors."""
     bh, seq_q, d = q.shape
     seq_k = k.shape[1]
     if config.block_m % config.block_n:
         raise ValueError(f"block_m {config.block_m} must be a multiple of block_n {config.block_n}")
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     lse = torch.empty((bh, seq_q), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(seq_q, config.block_m), bh)
-    flash_forward_kernel[grid](
-        q, k, v, out, lse,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), seq_q, seq_k, LOG2E / math.sqrt(d),
+    flash_forward_kernel[(triton.cdiv(seq_q, config.block_m), bh)](
+        q, k, v, out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
         HEAD_DIM=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % config.block_m == 0, EVEN_N=seq_k % config.block_n == 0,
         num_warps=config.num_warps, num_stages=config.num_stages)
