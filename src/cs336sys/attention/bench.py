@@ -259,8 +259,8 @@ def run_leaderboard_point(settings: dict) -> dict:
     """The 2025 leaderboard measurement: forward + backward, loss = O.sum(), do_bench median.
 
     settings: device ("cuda"), impl ("ours" = torch.compile(FlashAttention2Triton.apply) |
-    "sdpa_flash" | "sdpa_cudnn" | "sdpa_efficient"), batch (1), heads (16), seq (16384), d (64),
-    dtype ("bf16"), causal (True).
+    "sdpa_flash" | "sdpa_cudnn" | "sdpa_efficient" | "naive"), batch (1), heads (16),
+    seq (16384), d (64), dtype ("bf16"), causal (True).
     """
     device = torch.device(settings.get("device", "cuda"))
     batch, heads = int(settings.get("batch", 1)), int(settings.get("heads", 16))
@@ -277,6 +277,8 @@ def run_leaderboard_point(settings: dict) -> dict:
     elif impl.startswith("sdpa_"):
         backend = pick_sdpa_backend(q, causal, impl.removeprefix("sdpa_"))
         attend = sdpa_attention(backend)
+    elif impl == "naive":  # the leaderboard's baseline
+        attend = naive_attention
     else:
         raise ValueError(f"unknown leaderboard implementation {impl!r}")
     fwd_bwd = bench_ms(lambda: attend(q, k, v, causal).sum().backward(), device, [q, k, v])
