@@ -27,28 +27,21 @@ import triton.testing
 from cs336sys.attention import flash_triton_backward as bwd
 from cs336sys.attention import flash_triton_forward as fwd
 from cs336sys.attention.bench import attention_flops, run_flash_point, run_leaderboard_point
-from cs336sys.attention.flash_configs import Tiles, backward_config, forward_config
+from cs336sys.attention.flash_configs import BackwardConfig, Tiles, backward_config, forward_config
 from cs336sys.attention.naive import naive_attention
 from cs336sys.jobs import Unsupported, free_device_memory, is_oom
 
-T = Tiles
-FORWARD = {64: [T(128, 64, 4, 3), T(128, 128, 8, 3), T(128, 64, 8, 3), T(128, 32, 4, 4), T(64, 64, 4, 3),
-                T(64, 32, 4, 4)],
-           128: [T(128, 64, 8, 3), T(128, 128, 8, 2), T(128, 32, 8, 4), T(64, 64, 4, 3), T(64, 32, 4, 4),
-                 T(128, 64, 8, 2)]}
-DKDV = {64: [T(32, 128, 4, 4), T(32, 128, 4, 3), T(64, 128, 8, 3), T(64, 64, 4, 3), T(32, 64, 4, 4),
-             T(16, 128, 4, 4), T(16, 64, 4, 4)],
-        128: [T(32, 128, 8, 3), T(64, 128, 8, 3), T(32, 64, 4, 3), T(16, 64, 4, 3), T(32, 128, 8, 2),
-              T(16, 128, 8, 3)]}
-DQ = {64: [T(128, 32, 4, 4), T(128, 64, 8, 3), T(64, 32, 4, 4), T(64, 64, 4, 3), T(128, 32, 8, 4),
-           T(64, 16, 4, 4)],
-      128: [T(128, 32, 8, 3), T(128, 64, 8, 3), T(64, 64, 4, 3), T(64, 32, 4, 3), T(64, 16, 4, 3),
-            T(128, 16, 8, 3)]}
-ATOMIC_DKDV = {64: [T(32, 128, 4, 4), T(64, 128, 8, 3)], 128: [T(32, 128, 8, 3)]}
+T, B = Tiles, BackwardConfig
+FORWARD = {64: [T(128, 64, 8, 3), T(64, 64, 4, 3)], 128: [T(128, 64, 8, 3), T(64, 64, 4, 3)]}
+BACKWARD = {64: [B(64, 64, 64, 64, 4, 3, fused=False), B(64, 64, 64, 64, 4, 4, fused=False),
+                 B(64, 64, 64, 64, 4, 3, fused=True)],
+            128: [B(32, 64, 64, 64, 4, 2, fused=False), B(32, 64, 64, 64, 4, 3, fused=False),
+                  B(32, 64, 64, 64, 4, 2, fused=True), B(32, 64, 64, 64, 4, 3, fused=True)]}
 
-# (name, batch*heads, seq, d): the leaderboard shape and the grid's long sequences (batch 1, 1 head)
-SHAPES = [("lb", 16, 16384, 64), ("g8k64", 1, 8192, 64), ("g8k128", 1, 8192, 128),
-          ("g16k64", 1, 16384, 64), ("g16k128", 1, 16384, 128)]
+# (name, batch*heads, seq, d): the leaderboard shape, a many-heads d=128 shape, and the grid's
+# long sequences (batch 1, 1 head), where there are few programs
+SHAPES = [("lb", 16, 16384, 64), ("h16s8k128", 16, 8192, 128), ("g8k64", 1, 8192, 64),
+          ("g16k128", 1, 16384, 128)]
 
 LOG: list[dict] = []
 FAILED: set[tuple[str, int, str]] = set()
@@ -93,30 +86,19 @@ def sweep() -> None:
         q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
         ref = naive_attention(q64, k64, v64, True)
         ref.backward(do.double())
-        o, lse = fwd.flash_forward(q, k, v, True, forward_config(d, q.dtype, 1000, 2, q.device))
-        delta = bwd.backward_delta(o, do)
         for t in FORWARD[d]:
-            out, _ = fwd.flash_forward(q, k, v, True, t)
+            out, lse = fwd.flash_forward(q, k, v, True, t)
             record(phase="check", kernel="forward", d=d, tiles=str(t), err=rel_err(out, ref))
-        for t in DKDV[d]:
-            dk, dv = bwd.backward_dkdv(q, k, v, lse, delta, do, True, t)
-            record(phase="check", kernel="dkdv", d=d, tiles=str(t), err=max(rel_err(dk, k64.grad),
-                                                                                 rel_err(dv, v64.grad)))
-        for t in DQ[d]:
-            dq = bwd.backward_dq(q, k, v, lse, delta, do, True, t)
-            record(phase="check", kernel="dq", d=d, tiles=str(t), err=rel_err(dq, q64.grad))
-        for t in ATOMIC_DKDV[d]:
-            acc = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
-            dk, dv = bwd.backward_dkdv(q, k, v, lse, delta, do, True, t, acc)
-            record(phase="check", kernel="atomic", d=d, tiles=str(t), err=max(
-                rel_err(acc, q64.grad), rel_err(dk, k64.grad), rel_err(dv, v64.grad)))
+        for c in BACKWARD[d]:
+            grads = bwd.flash_backward(q, k, v, out, lse, do, True, c)
+            record(phase="check", kernel="backward", d=d, tiles=str(c), err=max(
+                rel_err(g, r.grad) for g, r in zip(grads, (q64, k64, v64), strict=True)))
     checks = [r for r in LOG if r.get("phase") == "check"]
     for r in checks:
         if not r["err"] < 2e-2:  # NaN fails too
             FAILED.add((r["kernel"], r["d"], r["tiles"]))
     print(f"{len(checks) - len(FAILED)} of {len(checks)} variants pass the float64 check; failing (not timed): "
           f"{sorted(FAILED)}", flush=True)
-
     for shape in SHAPES:
         sweep_shape(*shape)
         free_device_memory()
@@ -126,67 +108,61 @@ def sweep_shape(name: str, bh: int, seq: int, d: int) -> None:
     q, k, v, do = inputs(bh, seq, d)
     flops = attention_flops(bh, seq, seq, d, True)
     o, lse = fwd.flash_forward(q, k, v, True, FORWARD[d][0])
-    delta = bwd.backward_delta(o, do)
-    record(phase="sweep", shape=name, kernel="delta", ms=bench(partial(bwd.backward_delta, o, do)))
     for t in FORWARD[d]:
         if ("forward", d, str(t)) in FAILED:
             continue
         ms = bench(partial(fwd.flash_forward, q, k, v, True, t))
         record(phase="sweep", shape=name, kernel="forward", tiles=str(t), ms=ms, tflops=flops["forward"] / ms / 1e9)
-    # dK/dV does 4 of the 7 tile products of the two-kernel backward, dQ 3 (S, dP, dQ).
-    for t in DKDV[d]:
-        if ("dkdv", d, str(t)) in FAILED:
+    for c in BACKWARD[d]:  # the whole backward: delta kernel + one launch of dK/dV and dQ programs
+        if ("backward", d, str(c)) in FAILED:
             continue
-        ms = bench(partial(bwd.backward_dkdv, q, k, v, lse, delta, do, True, t))
-        record(phase="sweep", shape=name, kernel="dkdv", tiles=str(t), ms=ms,
-               tflops=flops["forward"] * 2 / ms / 1e9)
-    for t in DQ[d]:
-        if ("dq", d, str(t)) in FAILED:
-            continue
-        ms = bench(partial(bwd.backward_dq, q, k, v, lse, delta, do, True, t))
-        record(phase="sweep", shape=name, kernel="dq", tiles=str(t), ms=ms,
-               tflops=flops["forward"] * 1.5 / ms / 1e9)
-    acc = torch.zeros(q.shape, device="cuda", dtype=torch.float32)
+        ms = bench(partial(bwd.flash_backward, q, k, v, o, lse, do, True, c))
+        record(phase="sweep", shape=name, kernel="backward", tiles=str(c), ms=ms,
+               tflops=flops["backward"] / ms / 1e9)
 
-    def atomic(t: Tiles) -> None:
-        acc.zero_()
-        bwd.backward_dkdv(q, k, v, lse, delta, do, True, t, acc)
 
-    for t in ATOMIC_DKDV[d]:
-        if ("atomic", d, str(t)) in FAILED:
-            continue
-        ms = bench(partial(atomic, t))
-        record(phase="sweep", shape=name, kernel="atomic", tiles=str(t), ms=ms, tflops=flops["backward"] / ms / 1e9)
+def compare_point(settings: dict, phase: str = "compare") -> None:
+    start = time.perf_counter()
+    try:
+        metrics = run_flash_point(settings)
+        record(phase=phase, settings=settings, wall_s=time.perf_counter() - start, **metrics)
+    except Unsupported as exc:
+        record(phase=phase, settings=settings, status="unsupported", reason=str(exc))
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        record(phase=phase, settings=settings, status="oom")
+    free_device_memory()
 
 
 def compare() -> None:
-    for _, bh, seq, d in SHAPES[1:]:
-        for impl, backend in (("triton", None), ("sdpa", "flash"), ("sdpa", "cudnn"), ("sdpa", "efficient"),
-                              ("naive", None)):
-            if impl == "naive" and seq > 16384:
-                continue
-            settings = {"device": "cuda", "impl": impl, "seq": seq, "d": d, "dtype": "bf16", "batch": 1,
-                        "heads": bh, "causal": True}
-            if backend:
-                settings["sdpa_backend"] = backend
-            try:
-                metrics = run_flash_point(settings)
-                record(phase="compare", settings=settings, **metrics)
-            except Unsupported as exc:
-                record(phase="compare", settings=settings, status="unsupported", reason=str(exc))
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                record(phase="compare", settings=settings, status="oom")
-            free_device_memory()
-    for dtype in ("fp32", "bf16"):  # the table's entries for every d compile and run
+    for seq in (8192, 16384, 32768, 65536):
+        for d in (64, 128):
+            for impl, backend in (("triton", None), ("sdpa", "flash"), ("sdpa", "cudnn"), ("naive", None)):
+                if impl == "naive" and seq > 16384:
+                    continue
+                settings = {"device": "cuda", "impl": impl, "seq": seq, "d": d, "dtype": "bf16", "batch": 1,
+                            "heads": 1, "causal": True}
+                if backend:
+                    settings["sdpa_backend"] = backend
+                compare_point(settings)
+    for impl in ("triton", "naive"):  # float32 (tf32 products in ours), for the ratio to naive
+        compare_point({"device": "cuda", "impl": impl, "seq": 16384, "d": 64, "dtype": "fp32"})
+
+
+def grid() -> None:
+    """The Triton part of the flash grid (seq 128..65536 x d 16..128 x bf16/fp32), timed whole."""
+    start = time.perf_counter()
+    for dtype in ("bf16", "fp32"):
         for d in (16, 32, 64, 128):
-            settings = {"device": "cuda", "impl": "triton", "seq": 4096, "d": d, "dtype": dtype}
-            record(phase="compare", settings=settings, **run_flash_point(settings))
+            for e in range(7, 17):
+                compare_point({"device": "cuda", "impl": "triton", "seq": 2**e, "d": d, "dtype": dtype},
+                              "grid_point")
+    record(phase="grid", what="triton points, 80", wall_s=time.perf_counter() - start)
 
 
 def leaderboard() -> None:
-    for impl in ("ours", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
+    for impl in ("ours", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive"):
         settings = {"device": "cuda", "impl": impl}
         try:
             record(phase="leaderboard", settings=settings, **run_leaderboard_point(settings))
@@ -195,49 +171,80 @@ def leaderboard() -> None:
         free_device_memory()
 
 
+def leaderboard_backward() -> None:
+    """The leaderboard measurement with the backward in one launch or one per kind, alternated."""
+    from cs336sys.attention import flash_configs
+
+    table = flash_configs.backward_config
+    variants = {"split": B(64, 64, 64, 64, 4, 3, fused=False), "fused": B(64, 64, 64, 64, 4, 3, fused=True)}
+    try:
+        for rep in range(3):
+            for name, config in variants.items():
+                flash_configs.backward_config = lambda *args, config=config: config
+                metrics = run_leaderboard_point({"device": "cuda", "impl": "ours"})
+                record(phase="lb_backward", variant=name, rep=rep, **metrics)
+    finally:
+        flash_configs.backward_config = table
+    for impl in ("sdpa_cudnn", "sdpa_flash"):
+        record(phase="lb_backward", variant=impl, rep=0, **run_leaderboard_point({"device": "cuda", "impl": impl}))
+
+
 def summary() -> None:
     print("\n== ceilings")
     for r in LOG:
         if r["phase"] == "ceilings":
-            print(f"  {r['what']:22s} {r['ms']:8.3f} ms  " + (f"{r.get('tflops', 0):.0f} TFLOP/s" if "tflops" in r
-                                                             else f"{r['tb_s']:.2f} TB/s"))
-    sweeps = [r for r in LOG if r["phase"] == "sweep" and "tiles" in r]
+            rate = f"{r['tflops']:.0f} TFLOP/s" if "tflops" in r else f"{r['tb_s']:.2f} TB/s"
+            print(f"  {r['what']:22s} {r['ms']:8.3f} ms  {rate}")
+    sweeps = [r for r in LOG if r["phase"] == "sweep"]
     if sweeps:
-        print("\n== sweep: best tiles per kernel (ms, TFLOP/s credited) vs the table's entry")
+        print("\n== sweep: fastest tiles per kernel (ms, TFLOP/s credited) and the table's entry")
         for name, bh, seq, d in SHAPES:
-            fc = forward_config(d, torch.bfloat16, seq, bh, torch.device("cuda"))
-            bc = backward_config(d, torch.bfloat16, seq, bh, torch.device("cuda"))
-            table = {"forward": str(fc), "dkdv": str(bc.dkdv), "dq": str(bc.dq)}
-            for kernel in ("forward", "dkdv", "dq", "atomic"):
+            table = {"forward": str(forward_config(d, torch.bfloat16, seq, bh, True)),
+                     "backward": str(backward_config(d, torch.bfloat16, seq, bh, True))}
+            for kernel in ("forward", "backward"):
                 rows = sorted((r for r in sweeps if r["shape"] == name and r["kernel"] == kernel),
                               key=lambda r: r["ms"])
-                if not rows:
-                    continue
-                mine = next((r for r in rows if r["tiles"] == table.get(kernel)), None)
-                best = rows[0]
-                print(f"  {name:8s} {kernel:8s} best {best['ms']:7.3f} ms {best['tflops']:5.0f}  {best['tiles']}"
-                      + (f" | table {mine['ms']:7.3f} ms" if mine else ""))
+                if rows:
+                    mine = next((r for r in rows if r["tiles"] == table[kernel]), None)
+                    print(f"  {name:9s} {kernel:8s} best {rows[0]['ms']:7.3f} ms {rows[0]['tflops']:4.0f}  "
+                          f"{rows[0]['tiles']:26s}" + (f" table {mine['ms']:7.3f} ms" if mine else ""))
     rows = [r for r in LOG if r["phase"] == "compare" and "fwd_bwd_ms" in r]
     if rows:
-        print("\n== compare (bf16 causal, batch 1): ms  fwd / bwd / fwd+bwd")
+        print("\n== compare (causal, batch 1, 1 head): ms fwd / bwd / fwd+bwd, and ours / this")
+        ours = {(r["settings"]["seq"], r["settings"]["d"], r["settings"]["dtype"]): r for r in rows
+                if r["settings"]["impl"] == "triton"}
         for r in rows:
             s = r["settings"]
             label = s["impl"] + (":" + r.get("sdpa_backend", "") if s["impl"] == "sdpa" else "")
-            print(f"  h{s.get('heads', 1):<2d} seq {s['seq']:6d} d {s['d']:3d} {s['dtype']} {label:16s} "
-                  f"{r['forward_ms']:8.3f} {r['backward_ms']:8.3f} {r['fwd_bwd_ms']:8.3f}")
+            mine = ours.get((s["seq"], s["d"], s["dtype"]))
+            ratio = (f"  ratio fwd {mine['forward_ms'] / r['forward_ms']:5.2f} fwd+bwd "
+                     f"{mine['fwd_bwd_ms'] / r['fwd_bwd_ms']:5.2f}") if mine and mine is not r else ""
+            print(f"  seq {s['seq']:6d} d {s['d']:3d} {s['dtype']} {label:15s} {r['forward_ms']:8.3f} "
+                  f"{r['backward_ms']:8.3f} {r['fwd_bwd_ms']:8.3f}{ratio}")
+    for r in LOG:
+        if r["phase"] == "compare" and "status" in r:
+            print(f"  {r['settings']}: {r['status']} {r.get('reason', '')[:100]}")
+        if r["phase"] == "grid":
+            print(f"\n== grid: {r['what']} in {r['wall_s']:.0f} s (compilation included)")
+    rows = [r for r in LOG if r["phase"] == "lb_backward"]
+    if rows:
+        print("\n== leaderboard, backward launch layout (ms fwd+bwd, in run order)")
+        for r in rows:
+            print(f"  {r['variant']:10s} rep {r['rep']}  {r['fwd_bwd_ms']:.3f} ms")
     rows = [r for r in LOG if r["phase"] == "leaderboard"]
     if rows:
         print("\n== leaderboard (1 x 16 heads x 16384 x 64, bf16, causal, fwd+bwd)")
         for r in rows:
-            print(f"  {r['settings']['impl']:16s} " + (f"{r['fwd_bwd_ms']:.3f} ms  {r['fwd_bwd_tflops']:.0f} TFLOP/s"
-                                                     if "fwd_bwd_ms" in r else r.get("reason", r.get("status", ""))))
+            result = (f"{r['fwd_bwd_ms']:.3f} ms  {r['fwd_bwd_tflops']:.0f} TFLOP/s" if "fwd_bwd_ms" in r
+                      else r.get("reason", r.get("status", "")))
+            print(f"  {r['settings']['impl']:16s} {result}")
 
 
 def main() -> None:
     global OUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".")
-    parser.add_argument("--phases", default="ceilings,sweep,compare,leaderboard")
+    parser.add_argument("--phases", default="ceilings,sweep,compare,leaderboard,grid")
     args = parser.parse_args()
     OUT = Path(args.out)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -245,7 +252,8 @@ def main() -> None:
     record(phase="env", gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
            triton=triton.__version__, cuda=torch.version.cuda)
     print(LOG[-1], flush=True)
-    phases = {"ceilings": ceilings, "sweep": sweep, "compare": compare, "leaderboard": leaderboard}
+    phases = {"ceilings": ceilings, "sweep": sweep, "compare": compare, "leaderboard": leaderboard,
+              "grid": grid, "lb_backward": leaderboard_backward}
     for name in args.phases.split(","):
         start = time.perf_counter()
         try:
