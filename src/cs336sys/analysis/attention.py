@@ -70,7 +70,10 @@ def _pytorch_attention(df: pd.DataFrame, out: Path) -> dict:
             ok[ok.impl == "compiled"][keys + ["forward_ms", "backward_ms"]], on=keys, suffixes=("_eager", "_compiled"))
         m["forward speed-up"] = m.forward_ms_eager / m.forward_ms_compiled
         m["backward speed-up"] = m.backward_ms_eager / m.backward_ms_compiled
-        ctx["pt_compile_table"] = save_table(m.sort_values(keys), out, "pytorch_attention_compiled_vs_eager")
+        m = m.sort_values(keys).rename(columns={
+            "forward_ms_eager": "eager fwd ms", "backward_ms_eager": "eager bwd ms",
+            "forward_ms_compiled": "compiled fwd ms", "backward_ms_compiled": "compiled bwd ms"})
+        ctx["pt_compile_table"] = save_table(m, out, "pytorch_attention_compiled_vs_eager")
         ctx["pt_compile_forward_range"] = [float(m["forward speed-up"].min()), float(m["forward speed-up"].max())]
     return ctx
 
@@ -113,6 +116,16 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
     if "sdpa_backend" in ok:
         ctx["sdpa_backends"] = {f"{r['dtype']}": r["sdpa_backend"] for _, r in ok[ok.impl == "sdpa"].iterrows()}
     ctx["flash_targets"] = _targets(wide)
+    if "fwd_bwd_ms:triton" in wide:
+        bf = wide[wide["dtype"] == "bf16"] if (wide["dtype"] == "bf16").any() else wide
+        ctx["flash_floor"] = {"ours_min_fwd_bwd_ms": float(bf["fwd_bwd_ms:triton"].min()),
+                              "sdpa_min_fwd_bwd_ms": float(bf["fwd_bwd_ms:sdpa"].min())
+                              if "fwd_bwd_ms:sdpa" in bf else None}
+        if "fwd_bwd_ms:sdpa" in bf:
+            faster = bf.assign(r=bf["fwd_bwd_ms:triton"] / bf["fwd_bwd_ms:sdpa"]).groupby("seq")["r"].max()
+            # the shortest sequence length from which ours is faster at every d and every longer length
+            tail = [int(q) for q in faster.index if (faster.loc[faster.index >= q] < 1).all()]
+            ctx["flash_floor"]["crossover_seq"] = min(tail) if tail else None
     return ctx
 
 
