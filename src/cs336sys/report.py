@@ -70,7 +70,9 @@ def render_pdf(markdown: Path, out: Path) -> None:
     typ_source = pypandoc.convert_file(str(markdown), "typst", format="gfm",
                                        extra_args=["--standalone", "--columns=100"])
     # Tables as wide as the page and a readable body font size.
-    preamble = '#set page(margin: 1.6cm)\n#set text(size: 9.5pt)\n#set table(inset: 4pt)\n'
+    preamble = ('#set page(margin: 1.6cm)\n#set text(size: 9.5pt)\n#set table(inset: 4pt)\n'
+                # long tables continue on the next page instead of overflowing it
+                '#show figure: set block(breakable: true)\n')
     root = Path(os.path.commonpath([markdown.resolve().parent.parent, Path.cwd().resolve()]))
     with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=markdown.parent, delete=False) as f:
         f.write(preamble + typ_source)

@@ -5,7 +5,13 @@ import sys
 
 from snakemake.utils import validate
 
-from cs336sys.codehash import code_hash
+# The workflow runs, and hashes, the library of its own checkout, whatever else is installed
+# (another clone's editable install, say); its jobs inherit the same path.
+SRC = os.path.join(workflow.basedir, "src")
+sys.path.insert(0, SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+
+from cs336sys.codehash import code_hash  # noqa: E402
 
 validate(config, schema="../schemas/config.schema.yaml")
 

@@ -97,21 +97,24 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                           values=["forward_ms", "backward_ms", "fwd_bwd_ms"]).reset_index()
     wide.columns = [f"{a}:{b}" if b else a for a, b in wide.columns]
     statuses = df.pivot_table(index=["dtype", "d", "seq"], columns="impl", values="status", aggfunc="first")
+    short = {"triton": "ours", "sdpa": "SDPA", "naive": "naive", "naive_compiled": "compiled"}
     for dtype, g in wide.groupby("dtype"):
-        rows = []
-        for _, r in g.sort_values(["d", "seq"]).iterrows():
-            row = {"d": r["d"], "seq": r["seq"]}
-            for impl in [i for i in IMPL_LABEL if f"fwd_bwd_ms:{i}" in g]:
-                st = statuses.loc[(dtype, r["d"], r["seq"]), impl] if impl in statuses else "missing"
-                for part, label in (("forward_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd")):
+        impls = [i for i in IMPL_LABEL if f"fwd_bwd_ms:{i}" in g]
+        for part, label in (("forward_ms", "forward"), ("fwd_bwd_ms", "fwd_bwd")):
+            rows = []
+            for _, r in g.sort_values(["d", "seq"]).iterrows():
+                row = {"d": r["d"], "seq": r["seq"]}
+                for impl in impls:
+                    st = statuses.loc[(dtype, r["d"], r["seq"]), impl] if impl in statuses else "missing"
                     value = r.get(f"{part}:{impl}")
-                    row[f"{impl} {label}"] = f"{value:.3f}" if st == "ok" and pd.notna(value) else st
-            if "fwd_bwd_ms:triton" in g and "fwd_bwd_ms:sdpa" in g:
-                row["ours/SDPA fwd+bwd"] = r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]
-            if "fwd_bwd_ms:triton" in g and "fwd_bwd_ms:naive" in g:
-                row["naive/ours fwd+bwd"] = r["fwd_bwd_ms:naive"] / r["fwd_bwd_ms:triton"]
-            rows.append(row)
-        ctx["flash_tables"][dtype] = save_table(pd.DataFrame(rows), out, f"flash_{dtype}")
+                    row[short[impl]] = f"{value:.3f}" if st == "ok" and pd.notna(value) else st
+                if f"{part}:triton" in g and f"{part}:sdpa" in g:
+                    row["ours/SDPA"] = r[f"{part}:triton"] / r[f"{part}:sdpa"]
+                if f"{part}:triton" in g and f"{part}:naive" in g:
+                    row["naive/ours"] = r[f"{part}:naive"] / r[f"{part}:triton"]
+                rows.append(row)
+            ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}"] = save_table(
+                pd.DataFrame(rows), out, f"flash_{dtype}_{label}")
     ctx["flash_figures"]["times"] = _flash_figure(ok, out)
     if "sdpa_backend" in ok:
         ctx["sdpa_backends"] = {f"{r['dtype']}": r["sdpa_backend"] for _, r in ok[ok.impl == "sdpa"].iterrows()}
