@@ -113,9 +113,11 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                 if f"{part}:triton" in g and f"{part}:naive" in g:
                     row["naive/ours"] = r[f"{part}:naive"] / r[f"{part}:triton"]
                 rows.append(row)
-            ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}"] = save_table(
+            ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}, ms"] = save_table(
                 pd.DataFrame(rows), out, f"flash_{dtype}_{label}")
     ctx["flash_figures"]["times"] = _flash_figure(ok, out)
+    ctx["flash_figures"]["speedup"] = _speedup_figure(wide, out)
+    ctx["flash_tables"].update(_tflops_tables(ok, out))
     if "sdpa_backend" in ok:
         ctx["sdpa_backends"] = {f"{r['dtype']}": r["sdpa_backend"] for _, r in ok[ok.impl == "sdpa"].iterrows()}
     ctx["flash_targets"] = _targets(wide)
@@ -168,6 +170,38 @@ def _flash_figure(ok: pd.DataFrame, out: Path) -> str:
     axes[0][0].set_ylabel("forward+backward (ms, log scale)")
     axes[0][0].legend(fontsize=7)
     return save_figure(fig, out, "flash_times")
+
+
+def _tflops_tables(ok: pd.DataFrame, out: Path) -> dict:
+    """Achieved TFLOP/s (attended pairs only, see cs336sys.attention.bench) of forward+backward."""
+    tables = {}
+    for dtype, g in ok.groupby("dtype"):
+        wide = g.pivot_table(index=["d", "seq"], columns="impl", values="fwd_bwd_tflops").reset_index()
+        wide.columns.name = None
+        wide = wide.rename(columns={"triton": "ours", "sdpa": "SDPA", "naive_compiled": "compiled"})
+        tables[f"{dtype} fwd+bwd TFLOP/s"] = save_table(wide, out, f"flash_{dtype}_tflops", digits=1)
+    return tables
+
+
+def _speedup_figure(wide: pd.DataFrame, out: Path) -> str | None:
+    if "fwd_bwd_ms:triton" not in wide:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    for ax, (other, title) in zip(axes, (("naive", "naive PyTorch"), ("sdpa", "PyTorch SDPA")), strict=True):
+        if f"fwd_bwd_ms:{other}" not in wide:
+            continue
+        for (dtype, d), g in wide.groupby(["dtype", "d"]):
+            g = g.sort_values("seq")
+            ax.plot(g["seq"], g[f"fwd_bwd_ms:{other}"] / g["fwd_bwd_ms:triton"], marker="o", ms=3,
+                    label=f"{dtype}, d={d}")
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_title(f"{title} time / our time, fwd+bwd")
+    axes[0].set_ylabel("speed-up (×, log scale)")
+    axes[0].legend(fontsize=6, ncol=2)
+    return save_figure(fig, out, "flash_speedup")
 
 
 def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
