@@ -94,6 +94,8 @@ rule attention_section:
         [pytorch_attention_output(p) for points in PT_JOBS.values() for p in points],
         [flash_output(p) for points in FLASH_JOBS.values() for p in points],
         rules.flash_leaderboard.output,
+        # wall time of each flash-grid job, compilation included
+        [f"benchmarks/flash_benchmarking/{impl}-{dtype}.tsv" for impl, dtype in FLASH_JOBS],
     output:
         directory("results/sections/attention"),
     params:

@@ -8,7 +8,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from cs336sys.analysis.common import environment_summary, results_frame, save_figure, save_table
+from cs336sys.analysis.common import (
+    environment_summary,
+    read_benchmark_tsv,
+    results_frame,
+    save_figure,
+    save_table,
+)
 
 IMPL_LABEL = {"triton": "ours (Triton)", "sdpa": "PyTorch SDPA", "naive": "naive PyTorch",
               "naive_compiled": "naive, torch.compile"}
@@ -27,6 +33,11 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
     ctx.update(_pytorch_attention(frame[frame.problem == "pytorch_attention"], out))
     ctx.update(_flash(frame[frame.problem == "flash_benchmarking"], out))
     ctx.update(_leaderboard(frame[frame.problem == "flash_leaderboard"], out, reference_ms or {}))
+    walls = {p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
+    if walls:
+        ctx["flash_grid_wall_s"] = {"total": sum(walls.values()),
+                                    "ours": sum(v for k, v in walls.items() if k.startswith("triton-")),
+                                    "jobs": len(walls)}
     return ctx
 
 
