@@ -15,7 +15,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     acc = frame[(frame.problem == "mixed_precision_accumulation") & (frame.status == "ok")]
     if not acc.empty:
         r = acc.iloc[0]
-        table = pd.DataFrame([{"loop": k, "result": v, "error vs 10": r["abs_error"][k]}
+        table = pd.DataFrame([{"loop": k, "result": v, f"error vs {r['exact']:g}": r["abs_error"][k]}
                               for k, v in r["values"].items()])
         ctx["tables"]["accumulation"] = save_table(table, out, "accumulation", digits=6)
         ctx["accumulation"] = r["values"]
