@@ -7,6 +7,8 @@ CUDA, or on the CPU when TRITON_INTERPRET=1. It saves L (shape q.shape[:-1], flo
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cs336sys.attention import flash_configs, flash_triton_backward, flash_triton_forward
@@ -30,23 +32,22 @@ def kernels_interpreted() -> bool:
     return ours
 
 
-def _as_heads(t: torch.Tensor) -> torch.Tensor:
-    """(..., seq, d) -> contiguous (batch*heads, seq, d): a view when the input is contiguous."""
-    if t.is_contiguous():
-        return t.view(-1, t.shape[-2], t.shape[-1])
-    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
 
 
+# The kernels take the tensors as they come, (batch, seq, d) or (batch, heads, seq, d), with no
+# reshaping views: on the H100 host we measured, each view costs a few microseconds, and the
+# whole call path here is host-bound for sequences up to a few thousand (notes/flash_attention.md).
 def flash_attention_triton_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                                    config: flash_configs.Tiles | None = None,
                                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """O (q's shape and dtype) and L (q.shape[:-1], float32) without autograd."""
-    q3, k3, v3 = _as_heads(q), _as_heads(k), _as_heads(v)
+    q, k, v = _contiguous(q), _contiguous(k), _contiguous(v)
     if config is None:
-        config = flash_configs.forward_config(q.shape[-1], q.dtype, q3.shape[1], q3.shape[0],
-                                              q.device.type == "cuda")
-    out, lse = flash_triton_forward.flash_forward(q3, k3, v3, is_causal, config)
-    return out.view(q.shape), lse.view(q.shape[:-1])
+        *lead, seq_q, d = q.shape
+        config = flash_configs.forward_config(d, q.dtype, seq_q, math.prod(lead), q.is_cuda)
+    return flash_triton_forward.flash_forward(q, k, v, is_causal, config)
 
 
 def flash_attention_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -54,13 +55,11 @@ def flash_attention_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     is_causal: bool, config: flash_configs.BackwardConfig | None = None,
                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (shapes and dtypes of q, k, v) from the forward's O and L."""
-    q3, k3, v3, o3, do3 = (_as_heads(t) for t in (q, k, v, out, grad_out))
+    q, k, v, out, lse, grad_out = (_contiguous(t) for t in (q, k, v, out, lse, grad_out))
     if config is None:
-        config = flash_configs.backward_config(q.shape[-1], q.dtype, k3.shape[1], k3.shape[0],
-                                               q.device.type == "cuda")
-    dq, dk, dv = flash_triton_backward.flash_backward(q3, k3, v3, o3, lse.reshape(q3.shape[:2]), do3,
-                                                      is_causal, config)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+        *lead, seq_k, d = k.shape
+        config = flash_configs.backward_config(d, q.dtype, seq_k, math.prod(lead), q.is_cuda)
+    return flash_triton_backward.flash_backward(q, k, v, out, lse, grad_out, is_causal, config)
 
 
 # For torch.compile the kernels are registered as PyTorch custom operators, so that it traces the

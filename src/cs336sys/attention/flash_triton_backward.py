@@ -1,21 +1,22 @@
 """FlashAttention-2 backward in Triton (problem 10): recomputation with D = rowsum(O * dO).
 
-Two or three launches:
-  1. `backward_delta_kernel`: D = rowsum(O * dO) per query row (fp32).
-  2. `backward_kernel` with two kinds of program:
-     - dK/dV programs, one per key tile: walk the query tiles that can see the tile, recompute
-       P = exp(S - L), accumulate dV += P^T dO and dK += dS^T Q in registers, dS = P (dP - D);
-     - dQ programs, one per query tile: walk the key tiles it can see, accumulate dQ += dS K.
-     Either one launch per kind (each with its own register allocation; faster at d <= 64 with
-     many heads) or one launch running both kinds, interleaved, which fills the GPU when one
-     head of a long sequence gives too few programs of each kind (flash_configs chooses).
+`backward_kernel` has two kinds of program:
+  - dK/dV programs, one per key tile: walk the query tiles that can see the tile, recompute
+    P = exp(S - L), accumulate dV += P^T dO and dK += dS^T Q in registers, dS = P (dP - D);
+  - dQ programs, one per query tile: walk the key tiles it can see, accumulate dQ += dS K.
+Both need D = rowsum(O * dO) per query row (fp32). Either one launch per kind, dQ first, whose
+programs compute D and store it for the dK/dV launch (each kind gets its own register
+allocation; faster at d <= 64 with many heads), or `backward_delta_kernel` for D and then one
+launch running both kinds, interleaved, which fills the GPU when one head of a long sequence
+gives too few programs of each kind (flash_configs chooses).
 No atomics: every program owns its output, at the price of recomputing S and dP for dQ (7 tile
 products per tile pair instead of 5). Measured on an H100 (notes/flash_attention.md), that beat
 adding dQ from the dK/dV programs with fp32 atomics.
 Causal tile skipping as in the forward: tiles wholly above the diagonal are never visited and
 only tiles that cross it compare indices.
 
-All tensors are contiguous (batch*heads, seq, d): row stride d, head stride seq * d.
+All tensors are contiguous (..., seq, d): row stride d, head stride seq * d, with batch and heads
+flattened into one grid axis.
 """
 
 from __future__ import annotations
@@ -136,9 +137,10 @@ def _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, n_start, n_
 
 
 @triton.jit
-def _dq_program(Q, K, V, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scale, sm_scale,
+def _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scale, sm_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+                IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                DELTA_FROM_O: tl.constexpr):
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     q_offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
@@ -146,11 +148,15 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scale, 
         q = tl.load(Q + q_offs)
         do = tl.load(DO + q_offs)
         lse2 = tl.load(LSE + bh * seq_q + rows) * 1.4426950408889634
-        delta = tl.load(DELTA + bh * seq_q + rows)
     else:
         q = tl.load(Q + q_offs, mask=rows[:, None] < seq_q, other=0.0)
         do = tl.load(DO + q_offs, mask=rows[:, None] < seq_q, other=0.0)
         lse2 = tl.load(LSE + bh * seq_q + rows, mask=rows < seq_q, other=float("inf")) * 1.4426950408889634
+    if DELTA_FROM_O:  # D = rowsum(O * dO) here, stored for the dK/dV programs launched next
+        o = tl.load(O + q_offs, mask=rows[:, None] < seq_q, other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        tl.store(DELTA + bh * seq_q + rows, delta, mask=rows < seq_q)
+    else:
         delta = tl.load(DELTA + bh * seq_q + rows, mask=rows < seq_q, other=0.0)
     k_base = K + bh * seq_k * HEAD_DIM
     v_base = V + bh * seq_k * HEAD_DIM
@@ -172,15 +178,16 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scale, 
 
 
 @triton.jit
-def backward_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_scale, sm_scale,
+def backward_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_scale, sm_scale,
                     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, PROGRAMS: tl.constexpr,
                     BLOCK_M_KV: tl.constexpr, BLOCK_N_KV: tl.constexpr,
                     BLOCK_M_Q: tl.constexpr, BLOCK_N_Q: tl.constexpr,
                     EVEN_M_KV: tl.constexpr, EVEN_N_KV: tl.constexpr,
-                    EVEN_M_Q: tl.constexpr, EVEN_N_Q: tl.constexpr):
+                    EVEN_M_Q: tl.constexpr, EVEN_N_Q: tl.constexpr, DELTA_FROM_O: tl.constexpr):
     """Grid (programs, batch*heads). PROGRAMS = "dkdv" or "dq": one kind, longest first;
     "both": key tiles + query tiles programs, where pairs (dK/dV of key tile i, dQ of query tile
-    n_q - 1 - i) alternate, so that with a causal mask the longest of both kinds go first."""
+    n_q - 1 - i) alternate, so that with a causal mask the longest of both kinds go first.
+    DELTA_FROM_O: the dQ programs compute D = rowsum(O * dO) and store it (else they read it)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     n_q = tl.cdiv(seq_q, BLOCK_M_Q)
@@ -188,8 +195,8 @@ def backward_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_scale,
         _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid, seq_q, seq_k, qk_scale, sm_scale,
                       HEAD_DIM, BLOCK_M_KV, BLOCK_N_KV, IS_CAUSAL, EVEN_M_KV, EVEN_N_KV)
     elif PROGRAMS == "dq":
-        _dq_program(Q, K, V, DO, LSE, DELTA, DQ, bh, n_q - 1 - pid, seq_q, seq_k, qk_scale, sm_scale,
-                    HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q)
+        _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, n_q - 1 - pid, seq_q, seq_k, qk_scale, sm_scale,
+                    HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, DELTA_FROM_O)
     else:
         n_kv = tl.cdiv(seq_k, BLOCK_N_KV)
         both = tl.minimum(n_kv, n_q)
@@ -205,33 +212,36 @@ def backward_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_scale,
             _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, kv_tile, seq_q, seq_k, qk_scale, sm_scale,
                           HEAD_DIM, BLOCK_M_KV, BLOCK_N_KV, IS_CAUSAL, EVEN_M_KV, EVEN_N_KV)
         else:
-            _dq_program(Q, K, V, DO, LSE, DELTA, DQ, bh, q_tile, seq_q, seq_k, qk_scale, sm_scale,
-                        HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q)
+            _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, q_tile, seq_q, seq_k, qk_scale, sm_scale,
+                        HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, False)
 
 
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
                    config: BackwardConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV for contiguous (batch*heads, seq, d) tensors; `lse`: the forward's L (bh, seq_q)."""
-    bh, seq_q, d = q.shape
-    seq_k = k.shape[1]
+    """dQ, dK, dV for contiguous (..., seq, d) tensors; `lse`: the forward's L (q.shape[:-1])."""
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
     c = config
     if c.block_n_kv % c.block_m_kv or c.block_m_q % c.block_n_q:
         raise ValueError(f"causal tiles must line up on the diagonal: {config}")
-    delta = torch.empty((bh, seq_q), dtype=torch.float32, device=q.device)
-    backward_delta_kernel[(triton.cdiv(seq_q, 64), bh)](out, grad_out, delta, seq_q, HEAD_DIM=d, BLOCK_M=64)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    batch_heads = math.prod(lead)
+    delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     sm_scale = 1.0 / math.sqrt(d)
+    args = (q, k, v, out, grad_out, lse, delta, dq, dk, dv, seq_q, seq_k, sm_scale * LOG2E, sm_scale)
     n_kv, n_q = triton.cdiv(seq_k, c.block_n_kv), triton.cdiv(seq_q, c.block_m_q)
-    launches = [("both", n_kv + n_q)] if c.fused else [("dkdv", n_kv), ("dq", n_q)]
-    for programs, count in launches:
-        backward_kernel[(count, bh)](
-            q, k, v, grad_out, lse, delta, dq, dk, dv, seq_q, seq_k, sm_scale * LOG2E, sm_scale,
-            HEAD_DIM=d, IS_CAUSAL=is_causal, PROGRAMS=programs, BLOCK_M_KV=c.block_m_kv,
+    if c.fused:  # both kinds run at once, so D comes first, from its own kernel
+        backward_delta_kernel[(triton.cdiv(seq_q, 64), batch_heads)](out, grad_out, delta, seq_q, HEAD_DIM=d,
+                                                                     BLOCK_M=64)
+        launches = [("both", n_kv + n_q, False)]
+    else:  # the dQ programs compute D for the dK/dV launch after them
+        launches = [("dq", n_q, True), ("dkdv", n_kv, False)]
+    for programs, count, delta_from_o in launches:
+        backward_kernel[(count, batch_heads)](
+            *args, HEAD_DIM=d, IS_CAUSAL=is_causal, PROGRAMS=programs, BLOCK_M_KV=c.block_m_kv,
             BLOCK_N_KV=c.block_n_kv, BLOCK_M_Q=c.block_m_q, BLOCK_N_Q=c.block_n_q,
             EVEN_M_KV=seq_q % c.block_m_kv == 0, EVEN_N_KV=seq_k % c.block_n_kv == 0,
             EVEN_M_Q=seq_q % c.block_m_q == 0, EVEN_N_Q=seq_k % c.block_n_q == 0,
-            num_warps=c.num_warps, num_stages=c.num_stages)
+            DELTA_FROM_O=delta_from_o, num_warps=c.num_warps, num_stages=c.num_stages)
     return dq, dk, dv

@@ -6,7 +6,7 @@ the exponentials are exp2). With `is_causal` the walk has two parts: key tiles w
 the diagonal, with no masking, then the tiles that cross it, where masked scores get -1e6; tiles
 wholly above the diagonal are never loaded. Loads use plain pointer arithmetic (no block
 pointers), so the module works from Triton 3.2 to 3.9. All tensors are contiguous
-(batch*heads, seq, d): row stride d, head stride seq * d.
+(..., seq, d): row stride d, head stride seq * d, with batch and heads flattened into one grid axis.
 """
 
 from __future__ import annotations
@@ -102,14 +102,15 @@ def flash_forward_kernel(Q, K, V, O, LSE, seq_q, seq_k, qk_scale,
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                   config: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
-    """O and natural-log L for contiguous (batch*heads, seq, d) tensors."""
-    bh, seq_q, d = q.shape
-    seq_k = k.shape[1]
+    """O (q's shape) and natural-log L (q.shape[:-1], float32) for contiguous (..., seq, d) tensors
+    whose leading dimensions (batch, or batch and heads) flatten to one."""
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
     if config.block_m % config.block_n:
         raise ValueError(f"block_m {config.block_m} must be a multiple of block_n {config.block_n}")
     out = torch.empty_like(q)
-    lse = torch.empty((bh, seq_q), dtype=torch.float32, device=q.device)
-    flash_forward_kernel[(triton.cdiv(seq_q, config.block_m), bh)](
+    lse = torch.empty(lead + [seq_q], dtype=torch.float32, device=q.device)
+    flash_forward_kernel[(triton.cdiv(seq_q, config.block_m), math.prod(lead))](
         q, k, v, out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
         HEAD_DIM=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % config.block_m == 0, EVEN_N=seq_k % config.block_n == 0,
