@@ -109,3 +109,58 @@ def test_unsupported_head_dim_is_refused_on_gpu():
     q = torch.randn(1, 64, 256, device="cuda")
     with pytest.raises(ValueError, match="head dimension"):
         triton_class().apply(q, q, q, False)
+
+
+def test_unaligned_inputs_after_aligned_ones_on_gpu():
+    """The kernels take the caller's tensors without copies or views, so a contiguous view whose
+    pointer is not 16-byte aligned, or a length that is no multiple of 16, must not run a kernel
+    that Triton specialised for aligned pointers and divisible lengths on an earlier call."""
+    numel = 2 * 1024 * 64
+    buffers = [torch.randn(numel + 8, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    for offset, seq in ((0, 1024), (0, 1024), (1, 1024), (3, 1000), (0, 1000), (0, 1024)):
+        q, k, v, grad_out = (b[offset:offset + 2 * seq * 64].view(2, seq, 64) for b in buffers)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        assert offset == 0 or q.data_ptr() % 16
+        out = triton_class().apply(q, k, v, True)
+        out.backward(grad_out)
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = naive_attention(q64, k64, v64, True)
+        ref.backward(grad_out.double())
+        errors = [rel_err(out, ref)] + [rel_err(a.grad, b.grad) for a, b in ((q, q64), (k, k64), (v, v64))]
+        assert max(errors) < TOLERANCE[torch.bfloat16], (offset, seq, errors)
+
+
+def test_triton_forward_and_backward_replay_from_a_cuda_graph():
+    """The benchmark's GPU-only times replay a CUDA graph of one call: the capture must hold every
+    kernel of ours, the backward's included, and replaying it must give the eager gradients."""
+    q, k, v = (torch.randn(1, 2, 1000, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn_like(q)
+    call = lambda: triton_class().apply(q, k, v, True).backward(grad_out)
+    call()
+    want = [t.grad.clone() for t in (q, k, v)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        q.grad = k.grad = v.grad = None
+        call()
+    stream.synchronize()
+    q.grad = k.grad = v.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        call()
+    grads = [q.grad, k.grad, v.grad]
+    for g in grads:
+        g.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(got, ref) for got, ref in zip(grads, want, strict=True))
+
+
+@pytest.mark.parametrize("impl", ["triton", "sdpa"])
+def test_flash_point_times_cuda_graph_replays_on_gpu(impl):
+    from cs336sys.attention.bench import run_flash_point
+
+    metrics = run_flash_point({"device": "cuda", "impl": impl, "seq": 1024, "d": 64, "dtype": "bf16"})
+    for part in ("forward", "backward", "fwd_bwd"):
+        assert 0 < metrics[f"graph_{part}_ms"] < 5 * metrics[f"{part}_ms"], metrics

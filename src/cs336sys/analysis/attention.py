@@ -20,6 +20,7 @@ IMPL_LABEL = {"triton": "ours (Triton)", "sdpa": "PyTorch SDPA", "naive": "naive
               "naive_compiled": "naive, torch.compile"}
 # Targets of the project's attention issue (ratios measured in the same run).
 TARGETS = {"forward_vs_sdpa": 1.25, "fwd_bwd_vs_sdpa": 1.5, "naive_over_ours_at_16384": 20.0}
+NAIVE_TARGET_SEQ = 16384
 
 
 def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: object) -> dict:
@@ -32,6 +33,10 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
             frame[col] = frame[col].astype("Int64")
     ctx.update(_pytorch_attention(frame[frame.problem == "pytorch_attention"], out))
     ctx.update(_flash(frame[frame.problem == "flash_benchmarking"], out))
+    peak = frame[(frame.problem == "matmul_peak") & (frame.status == "ok")]
+    if "flash_targets" in ctx and not peak.empty and (peak["dtype"] == "bf16").any():
+        ctx["flash_feasibility"] = _feasibility(frame[frame.problem == "flash_benchmarking"],
+                                                float(peak[peak["dtype"] == "bf16"]["tflops"].iloc[0]))
     ctx.update(_leaderboard(frame[frame.problem == "flash_leaderboard"], out, reference_ms or {}))
     walls = {p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
     if walls:
@@ -104,8 +109,9 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
     if ok.empty:
         return {}
     ctx: dict = {"flash_tables": {}, "flash_figures": {}}
-    wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl",
-                          values=["forward_ms", "backward_ms", "fwd_bwd_ms"]).reset_index()
+    values = [c for c in ("forward_ms", "backward_ms", "fwd_bwd_ms", "graph_forward_ms", "graph_backward_ms",
+                          "graph_fwd_bwd_ms") if c in ok]
+    wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl", values=values).reset_index()
     wide.columns = [f"{a}:{b}" if b else a for a, b in wide.columns]
     statuses = df.pivot_table(index=["dtype", "d", "seq"], columns="impl", values="status", aggfunc="first")
     short = {"triton": "ours", "sdpa": "SDPA", "naive": "naive", "naive_compiled": "compiled"}
@@ -126,12 +132,16 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                 rows.append(row)
             ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}, ms"] = save_table(
                 pd.DataFrame(rows), out, f"flash_{dtype}_{label}")
+    if "graph_fwd_bwd_ms:triton" in wide and "graph_fwd_bwd_ms:sdpa" in wide:
+        ctx["flash_graph_tables"] = {dtype: save_table(_graphed_table(g), out, f"flash_{dtype}_graphed", digits=3)
+                                     for dtype, g in wide.groupby("dtype")}
     ctx["flash_figures"]["times"] = _flash_figure(ok, out)
     ctx["flash_figures"]["speedup"] = _speedup_figure(wide, out)
     ctx["flash_tables"].update(_tflops_tables(ok, out))
     if "sdpa_backend" in ok:
         ctx["sdpa_backends"] = {f"{r['dtype']}": r["sdpa_backend"] for _, r in ok[ok.impl == "sdpa"].iterrows()}
     ctx["flash_targets"] = _targets(wide)
+    ctx["flash_target_values"] = TARGETS | {"naive_seq": NAIVE_TARGET_SEQ}
     if "fwd_bwd_ms:triton" in wide:
         bf = wide[wide["dtype"] == "bf16"] if (wide["dtype"] == "bf16").any() else wide
         ctx["flash_floor"] = {"ours_min_fwd_bwd_ms": float(bf["fwd_bwd_ms:triton"].min()),
@@ -145,6 +155,19 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
     return ctx
 
 
+def _graphed_table(g: pd.DataFrame) -> pd.DataFrame:
+    """Ours against SDPA as CUDA-graph replays (GPU time only) next to the eager ratios."""
+    rows = []
+    for _, r in g.sort_values(["d", "seq"]).iterrows():
+        rows.append({"d": r["d"], "seq": r["seq"],
+                     "ours fwd": r["graph_forward_ms:triton"], "SDPA fwd": r["graph_forward_ms:sdpa"],
+                     "ours fwd+bwd": r["graph_fwd_bwd_ms:triton"], "SDPA fwd+bwd": r["graph_fwd_bwd_ms:sdpa"],
+                     "fwd ratio": r["graph_forward_ms:triton"] / r["graph_forward_ms:sdpa"],
+                     "fwd+bwd ratio": r["graph_fwd_bwd_ms:triton"] / r["graph_fwd_bwd_ms:sdpa"],
+                     "eager fwd+bwd ratio": r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]})
+    return pd.DataFrame(rows)
+
+
 def _targets(wide: pd.DataFrame) -> list[dict]:
     rows = []
     big = wide[(wide["dtype"] == "bf16") & (wide["seq"] >= 8192) & (wide["d"].isin([64, 128]))]
@@ -156,11 +179,43 @@ def _targets(wide: pd.DataFrame) -> list[dict]:
         row = {"d": int(r["d"]), "seq": int(r["seq"]), "forward_vs_sdpa": float(fwd), "fwd_bwd_vs_sdpa": float(fb),
                "forward_ok": bool(fwd <= TARGETS["forward_vs_sdpa"]),
                "fwd_bwd_ok": bool(fb <= TARGETS["fwd_bwd_vs_sdpa"])}
+        if pd.notna(r.get("graph_fwd_bwd_ms:triton")) and pd.notna(r.get("graph_fwd_bwd_ms:sdpa")):
+            gf = r["graph_forward_ms:triton"] / r["graph_forward_ms:sdpa"]
+            gfb = r["graph_fwd_bwd_ms:triton"] / r["graph_fwd_bwd_ms:sdpa"]
+            row.update(graph_forward_vs_sdpa=float(gf), graph_fwd_bwd_vs_sdpa=float(gfb),
+                       graph_forward_ok=bool(gf <= TARGETS["forward_vs_sdpa"]),
+                       graph_fwd_bwd_ok=bool(gfb <= TARGETS["fwd_bwd_vs_sdpa"]))
         naive = r.get("fwd_bwd_ms:naive")
-        if int(r["seq"]) == 16384 and pd.notna(naive):
+        if int(r["seq"]) == NAIVE_TARGET_SEQ and pd.notna(naive):
             row["naive_over_ours"] = float(naive / r["fwd_bwd_ms:triton"])
             row["naive_ok"] = bool(row["naive_over_ours"] >= TARGETS["naive_over_ours_at_16384"])
         rows.append(row)
+    return rows
+
+
+def _feasibility(df: pd.DataFrame, ceiling_tflops: float) -> list[dict]:
+    """Whether >= 20x naive at seq 16384 is reachable at all: the time it allows, the rate that
+    needs (credited FLOPs, as in the TFLOP/s tables), and the best ratio any kernel could reach at
+    the measured bf16 matrix-product ceiling; next to the best ratio measured in this grid."""
+    ok = df[(df.status == "ok") & (df["dtype"] == "bf16") & (df["seq"] == NAIVE_TARGET_SEQ)]
+    rows = []
+    for d, g in ok.groupby("d"):
+        by = g.set_index("impl")
+        if "naive" not in by.index or "triton" not in by.index:
+            continue
+        naive_ms = float(by.loc["naive", "fwd_bwd_ms"])
+        flops = float(by.loc["triton", "fwd_bwd_flops"])
+        allowed_ms = naive_ms / TARGETS["naive_over_ours_at_16384"]
+        floor_ms = flops / (ceiling_tflops * 1e12) * 1e3
+        measured = {}
+        for impl, label in (("triton", "ours"), ("sdpa", "SDPA")):
+            for col, how in (("fwd_bwd_ms", "eager"), ("graph_fwd_bwd_ms", "graphed")):
+                if impl in by.index and col in by and pd.notna(by.loc[impl, col]):
+                    measured[f"{label} {how}"] = naive_ms / float(by.loc[impl, col])
+        rows.append({"d": int(d), "naive_ms": naive_ms, "allowed_ms": allowed_ms,
+                     "needed_tflops": flops / (allowed_ms * 1e-3) / 1e12, "ceiling_tflops": ceiling_tflops,
+                     "needed_fraction": flops / (allowed_ms * 1e-3) / 1e12 / ceiling_tflops,
+                     "max_ratio_at_ceiling": naive_ms / floor_ms, "measured": measured})
     return rows
 
 

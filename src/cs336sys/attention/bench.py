@@ -227,13 +227,46 @@ def _time_forward_backward(attend: Callable, q, k, v, is_causal: bool, device: t
     return {"forward_ms": forward, "backward_ms": backward, "fwd_bwd_ms": fwd_bwd}
 
 
+GRAPHED_IMPLS = ("triton", "sdpa")  # the two the targets compare
+
+
+def _graphed_times(attend: Callable, q, k, v, is_causal: bool, grad_out: torch.Tensor) -> dict:
+    """graph_{forward,backward,fwd_bwd}_ms: do_bench medians of replaying a CUDA graph of one
+    call, i.e. the GPU's time alone, without the host's work of launching (Python, autograd,
+    the kernel launcher), which the eager times include. Everything runs on one side stream, so
+    that the backward's kernels (which run on their forward's stream) are captured too."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = attend(q, k, v, is_causal)
+    calls = {"forward": lambda: attend(q, k, v, is_causal),
+             "backward": lambda: out.backward(grad_out, retain_graph=True),
+             "fwd_bwd": lambda: attend(q, k, v, is_causal).backward(grad_out)}
+    times = {}
+    for part, call in calls.items():
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile, autotune and allocate outside the capture
+                q.grad = k.grad = v.grad = None
+                call()
+        stream.synchronize()
+        q.grad = k.grad = v.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            call()
+        times[f"graph_{part}_ms"] = bench_ms(graph.replay, q.device)
+        del graph
+    q.grad = k.grad = v.grad = None
+    return times
+
+
 def run_flash_point(settings: dict) -> dict:
     """One point of the FlashAttention benchmark grid: forward, backward, forward+backward.
 
     settings: device ("cuda"), impl ("triton" | "naive" | "naive_compiled" | "sdpa"), seq, d,
     dtype ("bf16" | "fp32"), batch (1), heads (1), causal (True), sdpa_backend (optional: pin
     one of flash/efficient/cudnn/math; otherwise the first that runs, in PyTorch's order).
-    Inputs are (batch, heads, seq, d); dO is random.
+    Inputs are (batch, heads, seq, d); dO is random. On CUDA, ours and SDPA are also timed as
+    CUDA-graph replays (GPU time without host overhead; see `_graphed_times`).
     """
     device = torch.device(settings.get("device", "cuda"))
     batch, heads = int(settings.get("batch", 1)), int(settings.get("heads", 1))
@@ -245,8 +278,11 @@ def run_flash_point(settings: dict) -> dict:
     attend, extra = flash_implementation(impl, q, causal, settings.get("sdpa_backend"))
     if impl == "triton":
         _check_triton_runs_here(device, dtype)
+    grad_out = torch.randn(q.shape, dtype=dtype, device=device)
     with _retainable_graphs():
-        times = _time_forward_backward(attend, q, k, v, causal, device, None)
+        times = _time_forward_backward(attend, q, k, v, causal, device, grad_out)
+        if device.type == "cuda" and impl in GRAPHED_IMPLS:
+            times.update(_graphed_times(attend, q, k, v, causal, grad_out))
     flops = attention_flops(batch * heads, seq, seq, d, causal)
     metrics = {**times, **extra}
     for part in ("forward", "backward", "fwd_bwd"):
