@@ -10,8 +10,10 @@ import os
 
 import pytest
 import torch
+from conftest import rel_err
 
-from cs336sys.attention import FlashAttention2PyTorch, attention_logsumexp, naive_attention
+from cs336sys.attention.flash_pytorch import FlashAttention2PyTorch
+from cs336sys.attention.naive import attention_logsumexp, naive_attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,10 +23,6 @@ pytestmark = [
 ]
 
 TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 2e-2, torch.float16: 5e-3}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def triton_class():

@@ -5,32 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import random_qkv, reference_attention, rel_err
 
 from cs336sys import adapters
-from cs336sys.attention import FlashAttention2PyTorch, attention_logsumexp, naive_attention
 from cs336sys.attention.bench import attended_pairs, run_flash_point, run_pytorch_attention_point
-from cs336sys.attention.flash_pytorch import flash_backward_recompute, flash_forward_pytorch
+from cs336sys.attention.flash_pytorch import FlashAttention2PyTorch, flash_backward_recompute, flash_forward_pytorch
+from cs336sys.attention.naive import attention_logsumexp, naive_attention
 from cs336sys.jobs import Unsupported
 
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def random_qkv(lead: tuple[int, ...], seq_q: int, seq_k: int, d: int, dtype=torch.float32):
-    q = torch.randn(*lead, seq_q, d, dtype=dtype, requires_grad=True)
-    k = torch.randn(*lead, seq_k, d, dtype=dtype, requires_grad=True)
-    v = torch.randn(*lead, seq_k, d, dtype=dtype, requires_grad=True)
-    return q, k, v
-
-
-def reference(q, k, v, grad_out, is_causal):
-    """O, L and the gradients in float64."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out = naive_attention(q64, k64, v64, is_causal)
-    out.backward(grad_out.double())
-    lse = attention_logsumexp(q64.detach(), k64.detach(), is_causal)
-    return out.detach(), lse, q64.grad, k64.grad, v64.grad
+reference = reference_attention
 
 
 CASES = [  # (leading dims, seq_q, seq_k, d, causal)

@@ -18,7 +18,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from cs336sys.attention import attention_logsumexp, naive_attention  # noqa: E402
+from conftest import random_qkv, reference_attention, rel_err  # noqa: E402
+
 from cs336sys.attention.bench import run_flash_point, run_leaderboard_point  # noqa: E402
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles  # noqa: E402
 from cs336sys.attention.flash_triton import (  # noqa: E402
@@ -27,6 +28,7 @@ from cs336sys.attention.flash_triton import (  # noqa: E402
     flash_attention_triton_forward,
     kernels_interpreted,
 )
+from cs336sys.attention.naive import attention_logsumexp, naive_attention  # noqa: E402
 from cs336sys.jobs import Unsupported  # noqa: E402
 
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1" and kernels_interpreted()
@@ -45,20 +47,8 @@ def test_kernels_in_an_interpreter_process():
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def random_qkv(lead, seq_q, seq_k, d):
-    return (torch.randn(*lead, seq_q, d, requires_grad=True),
-            torch.randn(*lead, seq_k, d, requires_grad=True),
-            torch.randn(*lead, seq_k, d, requires_grad=True))
-
-
 def reference_grads(q, k, v, grad_out, is_causal):
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    naive_attention(q64, k64, v64, is_causal).backward(grad_out.double())
-    return q64.grad, k64.grad, v64.grad
+    return reference_attention(q, k, v, grad_out, is_causal)[2:]
 
 
 # The interpreter's tiles are 32 query rows x 16 keys (forward, dQ) and 16 x 32 (dK/dV), so

@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 import torch
 
+from cs336sys.model import build_model
 from cs336sys.optim import cross_entropy, make_optimizer
-from cs336sys.sizes import SIZES, build_model, forward_flops, get_size, parameter_count, train_step_flops
+from cs336sys.sizes import SIZES, forward_flops, get_size, parameter_count, train_step_flops
 from cs336sys.timing import peak_memory_bytes, reset_peak_memory, summarize_ms, synchronize, time_steps
 
 MODES = ("forward", "forward_backward", "train_step")

@@ -1,12 +1,12 @@
-"""Every model size the 2025 and 2026 handouts name, and what follows from one: parameters, FLOPs."""
+"""Every model size the 2025 and 2026 handouts name, and what follows from one: parameters, FLOPs.
+
+Plain data and arithmetic, no torch: the accounting calculator, the workflow and the report read
+this without importing the model, and an edit to the model does not change this module's hash.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-import torch
-
-from cs336sys.model import TransformerLM
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,11 @@ class ModelSize:
     vocab_size: int = 10_000
     batch_size: int = 4
     edition: str = "both"
+    rope_theta: float = 10_000.0
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -36,25 +41,22 @@ SIZES: dict[str, ModelSize] = {s.name: s for s in [
     ModelSize("tiny", 64, 256, 2, 4, batch_size=2, edition="smoke"),
     ModelSize("tiny2", 96, 384, 3, 4, batch_size=2, edition="smoke"),
 ]}
+# Sizes that only the smoke grid and the tests use.
+SMOKE_SIZES = ("tiny", "tiny2")
 
 
-def get_size(name: str) -> ModelSize:
+def get_size(size: ModelSize | str) -> ModelSize:
+    if isinstance(size, ModelSize):
+        return size
     try:
-        return SIZES[name]
+        return SIZES[size]
     except KeyError:
-        raise ValueError(f"unknown model size {name!r}; known sizes: {', '.join(SIZES)}") from None
-
-
-def build_model(size: ModelSize | str, context_length: int, device: str | torch.device = "cpu",
-                dtype: torch.dtype = torch.float32) -> TransformerLM:
-    s = get_size(size) if isinstance(size, str) else size
-    return TransformerLM(s.vocab_size, context_length, s.d_model, s.num_layers, s.num_heads, s.d_ff,
-                         rope_theta=10_000.0, device=device, dtype=dtype)
+        raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(SIZES)}") from None
 
 
 def parameter_count(size: ModelSize | str) -> int:
     """Exact count for the architecture in cs336sys.model (untied embedding and head, no biases)."""
-    s = get_size(size) if isinstance(size, str) else size
+    s = get_size(size)
     per_block = 4 * s.d_model**2 + 3 * s.d_model * s.d_ff + 2 * s.d_model
     return 2 * s.vocab_size * s.d_model + s.num_layers * per_block + s.d_model
 
@@ -65,7 +67,7 @@ def forward_flops(size: ModelSize | str, batch_size: int, context_length: int) -
     Attention counts the full seq x seq score and value products, as the naive implementation
     computes them (causal masking does not skip work there).
     """
-    s = get_size(size) if isinstance(size, str) else size
+    s = get_size(size)
     tokens = batch_size * context_length
     dense = s.num_layers * (4 * s.d_model**2 + 3 * s.d_model * s.d_ff) + s.d_model * s.vocab_size
     attention = s.num_layers * 2 * 2 * batch_size * context_length**2 * s.d_model

@@ -1,14 +1,10 @@
 """Attention kernels: naive PyTorch, FlashAttention-2 in PyTorch and in Triton (problems 7-11).
 
-    naive_attention(q, k, v, is_causal=False)            # materialised scores; the baseline
-    FlashAttention2PyTorch.apply(q, k, v, is_causal)     # tiled forward, compiled recompute backward
-    FlashAttention2Triton.apply(q, k, v, is_causal)      # fused Triton forward and backward
+    cs336sys.attention.naive          naive_attention(q, k, v, is_causal); the model's default backend
+    cs336sys.attention.flash_pytorch  FlashAttention2PyTorch.apply(q, k, v, is_causal)
+    cs336sys.attention.flash_triton   FlashAttention2Triton.apply(q, k, v, is_causal)
 
-The Triton class is imported lazily (`from cs336sys.attention.flash_triton import ...`) so that
-this package imports where Triton does not.
+This package file imports nothing, so that a module using one implementation (the model uses the
+naive one) is not tied, in its code hash or its imports, to the others; Triton in particular is
+imported only by the modules that launch its kernels.
 """
-
-from cs336sys.attention.flash_pytorch import FlashAttention2PyTorch, flash_forward_pytorch
-from cs336sys.attention.naive import attention_logsumexp, naive_attention
-
-__all__ = ["FlashAttention2PyTorch", "attention_logsumexp", "flash_forward_pytorch", "naive_attention"]

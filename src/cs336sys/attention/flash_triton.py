@@ -113,3 +113,8 @@ class FlashAttention2Triton(torch.autograd.Function):
         else:
             dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
         return dq, dk, dv, None
+
+
+def flash_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal FlashAttention-2 in Triton as a Transformer attention backend (`TransformerLM(attention=...)`)."""
+    return FlashAttention2Triton.apply(q, k, v, True)

@@ -1,0 +1,133 @@
+"""The one registry: report sections, the experiments whose result files feed them, and the
+assignment's problems (SPEC numbering) with the experiments that answer them.
+
+Everything that names a section or an experiment reads it from here: the workflow's rules
+(`workflow/rules/common.smk`), the analysis command, the report's section order and coverage
+table, the tests and `.ci/run`. Sizes are registered in `cs336sys.sizes`, dtype names in
+`cs336sys.dtypes`. Plain data, no torch: the workflow imports this at parse time.
+
+Adding an experiment: an `Experiment` here (problem name, function, section), a rule that produces
+its result files, and its section's analysis reads them (README, "Adding an experiment").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Section:
+    """A report section: `cs336sys.analysis.<name>` builds it, `sections/<name>.md.j2` renders it,
+    the rule `<name>_section` makes `results/sections/<name>/`."""
+
+    name: str
+    title: str
+
+    @property
+    def module(self) -> str:
+        return f"cs336sys.analysis.{self.name}"
+
+    @property
+    def template(self) -> str:
+        return f"sections/{self.name}.md.j2"
+
+    @property
+    def rule(self) -> str:
+        return f"{self.name}_section"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment: result files whose `problem` field is `name`, each written by the job runner
+    from `function(settings, run) -> metrics` (`module:function`), read by `section`."""
+
+    name: str
+    function: str
+    section: str
+    gpu: bool = True  # on the main grid it needs CUDA GPUs (resources: gpu=N); the smoke grid runs it on CPU
+
+
+@dataclass(frozen=True)
+class Problem:
+    number: int
+    name: str
+    edition: str
+    section: str
+    experiments: tuple[str, ...] = ()  # the experiments whose results answer it
+
+
+# Report order.
+SECTIONS: dict[str, Section] = {s.name: s for s in [
+    Section("benchmarking", "Benchmarking the Transformer LM"),
+    Section("precision", "Mixed precision"),
+    Section("attention", "Attention: naive, compiled, FlashAttention-2"),
+]}
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
+    Experiment("benchmarking", "cs336sys.bench:run_point", "benchmarking"),
+    Experiment("warmup", "cs336sys.bench:run_warmup_point", "benchmarking"),
+    Experiment("matmul_peak", "cs336sys.peak:run_point", "benchmarking"),
+    Experiment("mixed_precision_accumulation", "cs336sys.precision:run_accumulation_point", "precision"),
+    Experiment("autocast_dtypes", "cs336sys.precision:run_autocast_dtypes_point", "precision"),
+    Experiment("pytorch_attention", "cs336sys.attention.bench:run_pytorch_attention_point", "attention"),
+    Experiment("flash_benchmarking", "cs336sys.attention.bench:run_flash_point", "attention"),
+    Experiment("flash_leaderboard", "cs336sys.attention.bench:run_leaderboard_point", "attention"),
+]}
+
+PROBLEMS: list[Problem] = [
+    Problem(1, "benchmarking_script", "both", "benchmarking", ("benchmarking", "warmup")),
+    Problem(2, "nsys_profile", "both", "profiling"),
+    Problem(3, "mixed_precision_accumulation", "both", "precision", ("mixed_precision_accumulation",)),
+    Problem(4, "benchmarking_mixed_precision", "both", "precision", ("autocast_dtypes", "benchmarking")),
+    Problem(5, "memory_profiling", "both", "memory"),
+    Problem(6, "gradient_checkpointing", "2026", "memory"),
+    Problem(7, "pytorch_attention", "both", "attention", ("pytorch_attention",)),
+    Problem(8, "torch_compile", "both", "attention", ("pytorch_attention", "benchmarking")),
+    Problem(9, "flash_forward", "both", "attention", ("flash_benchmarking",)),
+    Problem(10, "flash_backward", "both", "attention", ("flash_benchmarking",)),
+    Problem(11, "flash_benchmarking", "both", "attention", ("flash_benchmarking", "flash_leaderboard")),
+    Problem(12, "distributed_communication_single_node", "both", "ddp"),
+    Problem(13, "naive_ddp", "both", "ddp"),
+    Problem(14, "naive_ddp_benchmarking", "both", "ddp"),
+    Problem(15, "minimal_ddp_flat_benchmarking", "both", "ddp"),
+    Problem(16, "ddp_overlap_individual_parameters", "both", "ddp"),
+    Problem(17, "ddp_overlap_individual_parameters_benchmarking", "both", "ddp"),
+    Problem(18, "ddp_overlap_bucketed", "2025", "ddp"),
+    Problem(19, "ddp_bucketed_benchmarking", "2025", "ddp"),
+    Problem(20, "communication_accounting and 2026 analysis problems", "both", "accounting"),
+    Problem(21, "optimizer_state_sharding", "both", "sharding"),
+    Problem(22, "optimizer_state_sharding_accounting", "both", "sharding"),
+    Problem(23, "fsdp", "2026", "sharding"),
+    Problem(24, "fsdp_accounting", "2026", "sharding"),
+    Problem(25, "leaderboard (8B training step)", "2026", "leaderboard"),
+]
+
+
+def experiment(name: str) -> Experiment:
+    try:
+        return EXPERIMENTS[name]
+    except KeyError:
+        raise ValueError(f"experiment {name!r} is not in cs336sys.registry.EXPERIMENTS "
+                         f"(known: {', '.join(EXPERIMENTS)})") from None
+
+
+def section(name: str) -> Section:
+    try:
+        return SECTIONS[name]
+    except KeyError:
+        raise ValueError(f"section {name!r} is not in cs336sys.registry.SECTIONS "
+                         f"(known: {', '.join(SECTIONS)})") from None
+
+
+def local_rules() -> set[str]:
+    """Rules that only read results (sections, report): everything else runs an experiment."""
+    return {s.rule for s in SECTIONS.values()} | {"report_markdown", "report_pdf", "all"}
+
+
+def check() -> None:
+    """Every name used refers to something registered (the tests and the workflow call this)."""
+    for e in EXPERIMENTS.values():
+        section(e.section)
+    for p in PROBLEMS:
+        for name in p.experiments:
+            experiment(name)

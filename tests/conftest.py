@@ -1,0 +1,37 @@
+"""Helpers shared by the tests: error norms, random attention inputs, float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64: the one accuracy measure every numerical test uses."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def random_qkv(lead: tuple[int, ...], seq_q: int, seq_k: int, d: int, dtype=torch.float32, device="cpu"):
+    """Fresh random q (lead, seq_q, d) and k, v (lead, seq_k, d) that require gradients."""
+    make = lambda n: torch.randn(*lead, n, d, dtype=dtype, device=device, requires_grad=True)
+    return make(seq_q), make(seq_k), make(seq_k)
+
+
+def reference_attention(q, k, v, grad_out, is_causal):
+    """O, L, dQ, dK, dV of naive attention in float64."""
+    from cs336sys.attention.naive import attention_logsumexp, naive_attention
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = naive_attention(q64, k64, v64, is_causal)
+    out.backward(grad_out.double())
+    lse = attention_logsumexp(q64.detach(), k64.detach(), is_causal)
+    return out.detach(), lse, q64.grad, k64.grad, v64.grad
+
+
+@pytest.fixture
+def fresh_seed():
+    """A new seed per test run, printed so a failure can be replayed (inputs are never fixed)."""
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    torch.manual_seed(seed)
+    print(f"seed {seed}")
+    return seed
