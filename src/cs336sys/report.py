@@ -3,9 +3,10 @@
     python -m cs336sys.report md --sections results/sections/* --templates writeup/templates --out writeup/report.md
     python -m cs336sys.report pdf writeup/report.md --out writeup/report.pdf
 
-Templates see every section's context.json as `<section>` (a missing section is an empty dict, and
-its template says so), `problems` (coverage of every assignment problem), and two filters:
-`num(x, digits)` and `fig(section, name)` (a figure's path relative to the report).
+Templates see every section's context.json under `sections[<name>]`, `section_order` (the
+registry's report order, `cs336sys.registry.SECTIONS`), `problems` (coverage of every assignment
+problem), `grid` ("main", or "smoke" for the CPU smoke grid's report), a filter `num(x, digits)` and
+a function `fig(section, name)` (a figure's path relative to the report).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import jinja2
 
-from cs336sys.problems import PROBLEMS
+from cs336sys.io import write_atomic
+from cs336sys.registry import PROBLEMS, SECTIONS
 
 
 def _num(value, digits: int = 2) -> str:
@@ -38,14 +40,17 @@ def coverage(contexts: dict[str, dict]) -> list[dict]:
             counts[problem] = counts.get(problem, 0) + n
     rows = []
     for p in PROBLEMS:
-        n = sum(counts.get(r, 0) for r in p.results)
+        n = sum(counts.get(r, 0) for r in p.experiments)
         rows.append({"number": p.number, "name": p.name, "edition": p.edition, "section": p.section,
                      "points": n, "has_results": n > 0})
     return rows
 
 
-def render_markdown(section_dirs: list[Path], templates: Path, out: Path) -> str:
+def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: str = "main") -> str:
     contexts = {d.name: json.loads((d / "context.json").read_text()) for d in section_dirs}
+    unknown = set(contexts) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"section directories {sorted(unknown)} are not sections of cs336sys.registry")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
@@ -55,9 +60,10 @@ def render_markdown(section_dirs: list[Path], templates: Path, out: Path) -> str
         return os.path.relpath(dirs[section] / name, out.parent)
 
     env.globals["fig"] = fig
-    text = env.get_template("report.md.j2").render(sections=contexts, problems=coverage(contexts))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out, text.encode())
+    order = [name for name in SECTIONS if name in contexts]
+    text = env.get_template("report.md.j2").render(sections=contexts, section_order=order,
+                                                   problems=coverage(contexts), grid=grid)
+    write_atomic(out, text)
     return text
 
 
@@ -81,14 +87,7 @@ def render_pdf(markdown: Path, out: Path) -> None:
         pdf = typst.compile(str(typ_path), root=str(root))
     finally:
         typ_path.unlink(missing_ok=True)
-    _write_atomic(out, pdf)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_atomic(out, pdf)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     md.add_argument("--sections", nargs="+", required=True, type=Path)
     md.add_argument("--templates", required=True, type=Path)
     md.add_argument("--out", required=True, type=Path)
+    md.add_argument("--grid", default="main", choices=["main", "smoke"])
     pdf = sub.add_parser("pdf")
     pdf.add_argument("markdown", type=Path)
     pdf.add_argument("--out", required=True, type=Path)
     a = p.parse_args(argv)
     if a.command == "md":
-        render_markdown(a.sections, a.templates, a.out)
+        render_markdown(a.sections, a.templates, a.out, a.grid)
     else:
         render_pdf(a.markdown, a.out)
     print(f"wrote {a.out}")

@@ -14,11 +14,12 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from cs336sys.io import write_atomic
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "unsupported", "error")
@@ -85,18 +86,8 @@ def make_result(problem: str, settings: dict, metrics: dict | None = None, statu
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=False, default=_json_default)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """JSON through the one atomic writer: readers never see half a file."""
+    write_atomic(path, json.dumps(data, indent=1, default=_json_default) + "\n")
 
 
 def write_result(path: str | Path, problem: str, settings: dict, metrics: dict | None = None,
