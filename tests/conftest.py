@@ -35,3 +35,12 @@ def fresh_seed():
     torch.manual_seed(seed)
     print(f"seed {seed}")
     return seed
+
+
+def run_experiment(fn, device: str = "cpu", **point):
+    """Call an experiment function as the job runner does: the point parsed into its settings
+    dataclass (so bad keys fail the same way), on this process's device."""
+    from cs336sys.jobs import Run, parse_settings, settings_type
+
+    settings = parse_settings(settings_type(fn), {"device": device, **point})
+    return fn(settings, Run(device="cuda:0" if device == "cuda" else device))

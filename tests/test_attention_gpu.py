@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from conftest import rel_err
+from conftest import rel_err, run_experiment
 
 from cs336sys.attention.flash_pytorch import FlashAttention2PyTorch
 from cs336sys.attention.naive import attention_logsumexp, naive_attention
@@ -159,6 +159,6 @@ def test_triton_forward_and_backward_replay_from_a_cuda_graph():
 def test_flash_point_times_cuda_graph_replays_on_gpu(impl):
     from cs336sys.attention.bench import run_flash_point
 
-    metrics = run_flash_point({"device": "cuda", "impl": impl, "seq": 1024, "d": 64, "dtype": "bf16"})
+    metrics = run_experiment(run_flash_point, **{"device": "cuda", "impl": impl, "seq": 1024, "d": 64, "dtype": "bf16"})
     for part in ("forward", "backward", "fwd_bwd"):
         assert 0 < metrics[f"graph_{part}_ms"] < 5 * metrics[f"{part}_ms"], metrics

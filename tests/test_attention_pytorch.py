@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import random_qkv, reference_attention, rel_err
+from conftest import random_qkv, reference_attention, rel_err, run_experiment
 
 from cs336sys import adapters
 from cs336sys.attention.bench import attended_pairs, run_flash_point, run_pytorch_attention_point
@@ -116,15 +116,14 @@ def test_attended_pairs_counts_the_causal_triangle():
 
 
 def test_pytorch_attention_point_on_cpu():
-    metrics = run_pytorch_attention_point({"device": "cpu", "d": 16, "seq": 32, "batch": 2, "passes": 3,
-                                           "warmup": 1, "impl": "eager"})
+    metrics = run_experiment(run_pytorch_attention_point, d=16, seq=32, batch=2, passes=3, warmup=1, impl="eager")
     assert metrics["forward_ms"] > 0 and metrics["backward_ms"] > 0
     assert "memory_before_backward_bytes" not in metrics  # no allocator statistics on the CPU
 
 
 @pytest.mark.parametrize("impl", ["naive", "sdpa"])
 def test_flash_point_on_cpu(impl):
-    metrics = run_flash_point({"device": "cpu", "impl": impl, "seq": 64, "d": 16, "dtype": "fp32"})
+    metrics = run_experiment(run_flash_point, **{"device": "cpu", "impl": impl, "seq": 64, "d": 16, "dtype": "fp32"})
     for part in ("forward", "backward", "fwd_bwd"):
         assert metrics[f"{part}_ms"] > 0 and metrics[f"{part}_tflops"] > 0
     assert metrics["backward_flops"] == 2.5 * metrics["forward_flops"] == 2.5 * 4 * 16 * (64 * 65 // 2)
@@ -134,5 +133,5 @@ def test_flash_point_on_cpu(impl):
 
 def test_unavailable_sdpa_backend_is_unsupported():
     with pytest.raises(Unsupported, match="cudnn"):
-        run_flash_point({"device": "cpu", "impl": "sdpa", "sdpa_backend": "cudnn", "seq": 32, "d": 16,
+        run_experiment(run_flash_point, **{"device": "cpu", "impl": "sdpa", "sdpa_backend": "cudnn", "seq": 32, "d": 16,
                          "dtype": "fp32"})

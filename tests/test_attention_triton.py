@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import random_qkv, reference_attention, rel_err  # noqa: E402
+from conftest import random_qkv, reference_attention, rel_err, run_experiment  # noqa: E402
 
 from cs336sys.attention.bench import run_flash_point, run_leaderboard_point  # noqa: E402
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles  # noqa: E402
@@ -139,14 +139,14 @@ def test_compiled_apply_matches_eager():
 
 @interpreted
 def test_flash_point_runs_triton_through_the_interpreter_on_cpu():
-    metrics = run_flash_point({"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "fp32"})
+    metrics = run_experiment(run_flash_point, impl="triton", seq=32, d=16, dtype="fp32")
     assert metrics["fwd_bwd_ms"] > 0
     with pytest.raises(Unsupported, match="float32 only"):
-        run_flash_point({"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "bf16"})
+        run_experiment(run_flash_point, **{"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "bf16"})
 
 
 @interpreted
 def test_leaderboard_point_smoke_on_cpu():
-    metrics = run_leaderboard_point({"device": "cpu", "impl": "ours", "heads": 2, "seq": 32, "d": 16,
+    metrics = run_experiment(run_leaderboard_point, **{"device": "cpu", "impl": "ours", "heads": 2, "seq": 32, "d": 16,
                                      "dtype": "fp32"})
     assert metrics["fwd_bwd_ms"] > 0 and metrics["fwd_bwd_tflops"] > 0

@@ -2,48 +2,79 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from conftest import run_experiment
 
 from cs336sys.bench import run_point, run_warmup_point
 from cs336sys.precision import run_accumulation_point, run_autocast_dtypes_point
+from cs336sys.training.step import StepSpec, build_step
 
 
 @pytest.mark.parametrize("mode", ["forward", "forward_backward", "train_step"])
 def test_benchmark_point_keeps_every_step(mode):
-    m = run_point(dict(size="tiny", context_length=16, mode=mode, dtype="fp32", compile="eager",
-                       warmup=1, steps=3, device="cpu"))
+    m = run_experiment(run_point, size="tiny", context_length=16, mode=mode, warmup=1, steps=3)
     assert len(m["step_ms"]) == 3 and all(t > 0 for t in m["step_ms"])
     assert m["min_ms"] <= m["median_ms"] <= max(m["step_ms"])
     assert m["flops_per_step"] > 0 and m["achieved_tflops"] > 0
+    assert m["peak_rss_bytes"] > 0  # on the CPU: the process's high-water mark
 
 
-def test_train_step_changes_the_weights_and_bf16_runs():
-    m = run_point(dict(size="tiny", context_length=16, mode="train_step", dtype="bf16", compile="eager",
-                       warmup=0, steps=2, device="cpu"))
-    assert m["mean_ms"] > 0
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_train_step_changes_every_weight_and_forward_changes_none(dtype):
+    step = build_step(StepSpec("tiny", 16, mode="train_step", dtype=dtype), "cpu")
+    before = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+    step.run()
+    assert all(not torch.equal(before[n], p) for n, p in step.model.named_parameters())
+    assert all(p.grad is None for p in step.model.parameters())  # zeroed after the step
+    frozen = build_step(StepSpec("tiny", 16, mode="forward", dtype=dtype), "cpu")
+    before = {n: p.detach().clone() for n, p in frozen.model.named_parameters()}
+    frozen.run()
+    assert all(torch.equal(before[n], p) for n, p in frozen.model.named_parameters())
 
 
 def test_warmup_point_times_from_the_first_step():
-    m = run_warmup_point(dict(size="tiny", context_length=8, mode="forward", dtype="fp32", compile="eager",
-                              steps=4, device="cpu", warmups=[0, 1], measured_steps=3))
+    m = run_experiment(run_warmup_point, size="tiny", context_length=8, mode="forward", steps=4, warmups=[0, 1],
+                       measured_steps=3)
     assert len(m["step_ms"]) == 4
 
 
-def test_bad_mode_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown mode 'sideways'"):
-        run_point(dict(size="tiny", context_length=8, mode="sideways", dtype="fp32", warmup=0, steps=2,
-                       device="cpu"))
+@pytest.mark.parametrize("key, value, match", [("mode", "sideways", "unknown mode 'sideways'"),
+                                               ("size", "huge", "unknown model size 'huge'"),
+                                               ("dtype", "fp8", "unknown dtype 'fp8'")])
+def test_bad_settings_are_clear_errors(key, value, match):
+    point = dict(size="tiny", context_length=8, warmup=0, steps=2) | {key: value}
+    with pytest.raises(ValueError, match=match):
+        run_experiment(run_point, **point)
 
 
-def test_cli_prints_a_summary_and_rejects_unknown_sizes():
+def test_unknown_or_mistyped_settings_name_the_key():
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['context'\]"):
+        run_experiment(run_point, size="tiny", context=8)
+    with pytest.raises(ValueError, match="context_length = '8' is not of type"):
+        run_experiment(run_point, size="tiny", context_length="8")
+
+
+def test_cli_prints_a_summary_and_rejects_bad_input():
     ok = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--size", "tiny", "--context-length", "8",
                          "--steps", "2", "--warmup", "0", "--device", "cpu"], capture_output=True, text=True)
-    assert ok.returncode == 0 and "ms" in ok.stdout
+    assert ok.returncode == 0, ok.stderr
+    assert "ms" in ok.stdout and "TFLOP/s" in ok.stdout and "peak process RSS" in ok.stdout
+    assert " 0.0 TFLOP/s" not in ok.stdout  # enough digits for small numbers
     bad = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--size", "huge"], capture_output=True, text=True)
     assert bad.returncode != 0 and "known sizes" in bad.stderr
+    helptext = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--help"], capture_output=True, text=True)
+    assert "(default: 512)" in helptext.stdout and "(default: forward_backward)" in helptext.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")
+def test_cli_cuda_without_a_gpu_is_a_clear_error():
+    bad = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--size", "tiny", "--device", "cuda"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no CUDA GPU is visible" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_accumulation_shows_the_fp16_loss():
-    m = run_accumulation_point({"device": "cpu"})
+    m = run_experiment(run_accumulation_point)
     v = m["values"]
     assert abs(v["fp32 += fp32"] - 10) < 1e-3
     assert abs(v["fp16 += fp16"] - 10) > 0.01  # fp16 accumulation loses visibly
@@ -52,6 +83,6 @@ def test_accumulation_shows_the_fp16_loss():
 
 @pytest.mark.parametrize("dtype, low", [("bf16", "bfloat16"), ("fp16", "float16")])
 def test_autocast_keeps_parameters_loss_and_grads_in_fp32(dtype, low):
-    d = run_autocast_dtypes_point({"device": "cpu", "autocast_dtype": dtype})["dtypes"]
+    d = run_experiment(run_autocast_dtypes_point, autocast_dtype=dtype)["dtypes"]
     assert d["parameters"] == d["loss"] == d["gradients"] == "float32"
     assert d["fc1 output"] == d["logits"] == low

@@ -84,3 +84,60 @@ def test_flops_grow_as_expected():
     small = forward_flops("small", 4, 512)
     assert small > 2 * 4 * 512 * (parameter_count("small") - 10_000 * 768)  # matmuls + attention
     assert forward_flops("small", 4, 1024) > 2 * small - 1  # quadratic attention term
+
+
+def _loss_and_grads(model, tokens):
+    model.zero_grad(set_to_none=True)
+    loss = model(tokens).float().logsumexp(-1).mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_attention_backends_compute_the_same_model():
+    tokens = torch.randint(0, 10_000, (2, 24))
+    torch.manual_seed(1)
+    naive = build_model("tiny", context_length=32)
+    torch.manual_seed(1)
+    sdpa = build_model("tiny", context_length=32, attention="sdpa")
+    torch.manual_seed(1)
+    custom = build_model("tiny", context_length=32, attention=lambda q, k, v: naive_causal_attention(q, k, v))
+    ref_loss, ref_grads = _loss_and_grads(naive, tokens)
+    for other in (sdpa, custom):
+        loss, grads = _loss_and_grads(other, tokens)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+        for n, g in grads.items():
+            torch.testing.assert_close(g, ref_grads[n], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
+        build_model("tiny", context_length=8, attention="fast")
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_checkpointing_changes_no_gradient(k):
+    tokens = torch.randint(0, 10_000, (2, 16))
+    torch.manual_seed(2)
+    plain = build_model("tiny2", context_length=16)
+    torch.manual_seed(2)
+    checkpointed = build_model("tiny2", context_length=16, checkpoint_blocks=k)
+    ref_loss, ref_grads = _loss_and_grads(plain, tokens)
+    loss, grads = _loss_and_grads(checkpointed, tokens)
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(grads[n], ref_grads[n]) for n in ref_grads)  # bitwise on CPU fp32
+
+
+def test_checkpointing_keeps_fewer_tensors_for_backward():
+    def saved_bytes(model):
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(torch.randint(0, 10_000, (2, 32))).sum()
+        return total
+
+    torch.manual_seed(3)
+    assert saved_bytes(build_model("tiny2", 32, checkpoint_blocks=3)) < saved_bytes(build_model("tiny2", 32)) / 2
+    with pytest.raises(ValueError, match="non-negative integer"):
+        build_model("tiny", 8, checkpoint_blocks=-1)

@@ -1,20 +1,28 @@
-"""Running one Snakemake job: a batch of experiment points, one result file each.
+"""What one experiment point is, and what becomes of it.
 
-A job amortises process start, imports and CUDA initialisation over several points; every point
-still gets its own result file, written atomically. Out-of-memory is a result (`oom`), as is a
-point the hardware or software cannot run (`unsupported`, raised as `Unsupported`).
+An experiment is a function `run_point(settings: SomeSettings, run: Run) -> dict` whose first
+parameter is annotated with a dataclass of settings. The job runner (`cs336sys.run`) turns each
+JSON point of a rule into that dataclass (`parse_settings`: unknown keys, missing keys and wrong
+types are clear errors, defaults are filled in), calls the function on every rank, and records the
+*settings as run* (`dataclasses.asdict`, defaults included) with the metrics.
+
+Outcomes: `ok` (metrics), `oom` (out of memory is a result), `unsupported` (raise `Unsupported`:
+the point cannot run here, for a reason that is a fact), or an error (a bug: no result is written,
+so Snakemake reports the job failed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from cs336sys.results import write_result
+from typing import Any
 
 
 class Unsupported(Exception):
@@ -24,6 +32,101 @@ class Unsupported(Exception):
 class GpuRequired(RuntimeError):
     pass
 
+
+@dataclass(frozen=True)
+class Run:
+    """Where a point runs: its rank in the job's process group and its per-point directories.
+
+    `device` is concrete ("cuda:<local rank>" or "cpu"). `artifact_dir` is for raw artifacts
+    (traces, snapshots: git-ignored, may be large); `rendered_dir` for small rendered files that
+    are committed with the result (PNG figures, JSON summaries), when the rule declares them.
+    """
+
+    device: str = "cpu"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    artifact_dir: Path | None = None
+    rendered_dir: Path | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+
+@dataclass
+class Outcome:
+    status: str  # ok | oom | unsupported | error
+    metrics: dict = field(default_factory=dict)
+    reason: str | None = None
+    traceback: str | None = None
+    rank: int = 0
+    wall_s: float = 0.0
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+def settings_type(fn: Callable) -> type:
+    """The dataclass annotated on an experiment function's first parameter."""
+    hints = typing.get_type_hints(fn)
+    params = [p for p in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
+    cls = hints.get(params[0]) if params else None
+    if cls is None or not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{fn.__module__}.{fn.__name__}: its first parameter must be annotated with a settings "
+                        "dataclass, e.g. `def run_point(settings: MySettings, run: Run) -> dict`")
+    return cls
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin is typing.Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        return isinstance(value, list | tuple) and (not args or all(_type_ok(v, args[0]) for v in value))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+def parse_settings(cls: type, point: dict) -> Any:
+    """Build the settings dataclass from a JSON point: unknown, missing or mistyped keys raise
+    ValueError naming the key, the expected type and the known keys."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(point) - set(fields))
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown setting(s) {unknown}; known: {', '.join(fields)}")
+    missing = [n for n, f in fields.items() if n not in point
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{cls.__name__}: missing setting(s) {missing}")
+    hints = typing.get_type_hints(cls)
+    for name, value in point.items():
+        if not _type_ok(value, hints[name]):
+            raise ValueError(f"{cls.__name__}.{name} = {value!r} is not of type {hints[name]}")
+    return cls(**{k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
+                  for k, v in point.items()})
+
+
+def settings_as_run(settings: Any) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items()}
+
+
+# --- one point ------------------------------------------------------------------------------------
 
 def is_oom(exc: BaseException) -> bool:
     import torch
@@ -39,57 +142,48 @@ def free_device_memory() -> None:
     import torch
 
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
 
-def require_device(device: str) -> None:
+def gpu_count() -> int:
     import torch
 
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise GpuRequired(
-            "this experiment needs a CUDA GPU and none is visible here. GPU results are never "
-            "replaced by CPU numbers: run it on a GPU host (snakemake -c1 --resources gpu=1 ...) "
-            "or dispatch it with the cluster profile (snakemake --profile profiles/slurm ...), "
-            "or run the CPU smoke grid (--config grid=smoke).")
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def run_points(problem: str, points: Sequence[dict], outputs: Sequence[str | Path],
-               run_point: Callable[[dict], dict]) -> int:
-    """Run each point and write its result; returns the number of points with status `error`."""
-    if len(points) != len(outputs):
-        raise ValueError(f"{len(points)} points but {len(outputs)} outputs")
-    for device in {p.get("device", "cpu") for p in points}:
-        require_device(device)
-    errors = 0
-    for i, (point, out) in enumerate(zip(points, outputs, strict=True), 1):
-        label = " ".join(f"{k}={v}" for k, v in point.items())
-        print(f"[{problem} {i}/{len(points)}] {label}", flush=True)
-        start = time.perf_counter()
-        try:
-            metrics = run_point(dict(point))
-            metrics["point_wall_s"] = time.perf_counter() - start
-            write_result(out, problem, point, metrics)
-            status = "ok"
-        except Unsupported as exc:
-            write_result(out, problem, point, {"point_wall_s": time.perf_counter() - start},
-                         "unsupported", str(exc))
-            status = f"unsupported: {exc}"
-        except Exception as exc:
-            if not is_oom(exc):
-                # A bug is not a result: leave no file so that Snakemake reports the job failed.
-                traceback.print_exc()
-                errors += 1
-                status = "error (no result written)"
-            else:
-                write_result(out, problem, point, {"point_wall_s": time.perf_counter() - start},
-                             "oom", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-                status = "oom"
-        finally:
-            free_device_memory()
-        print(f"    -> {status} ({time.perf_counter() - start:.1f} s)", flush=True)
-    if errors:
-        print(f"{errors} point(s) failed with an error; see the traceback(s) above", file=sys.stderr)
-    return errors
+def require_gpus(needed: int) -> None:
+    have = gpu_count()
+    if have >= needed:
+        return
+    what = "a CUDA GPU and none is visible" if have == 0 else f"{needed} GPUs and only {have} are visible"
+    raise GpuRequired(
+        f"this experiment needs {what}. GPU results are never replaced by CPU numbers: run it on a "
+        f"host with {needed} GPU(s) (snakemake -c1 --resources gpu={needed} ...) or dispatch it with the "
+        "cluster profile (snakemake --profile profiles/slurm ...), or run the CPU smoke grid (--config grid=smoke).")
+
+
+def attempt(fn: Callable, settings: Any, run: Run) -> Outcome:
+    """Run one point on this rank; classify what happened (never raises for a point's failure)."""
+    start = time.perf_counter()
+    try:
+        metrics = fn(settings, run)
+        if not isinstance(metrics, dict):
+            raise TypeError(f"an experiment returns a dict of metrics, got {type(metrics).__name__}")
+        outcome = Outcome("ok", metrics, rank=run.rank)
+    except Unsupported as exc:
+        outcome = Outcome("unsupported", reason=str(exc), rank=run.rank)
+    except Exception as exc:
+        if is_oom(exc):
+            first = (str(exc).splitlines() or [""])[0][:300]
+            outcome = Outcome("oom", reason=f"{type(exc).__name__}: {first}", rank=run.rank)
+        else:
+            outcome = Outcome("error", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+                              rank=run.rank)
+    finally:
+        free_device_memory()
+    outcome.wall_s = time.perf_counter() - start
+    outcome.metrics["point_wall_s"] = outcome.wall_s
+    return outcome

@@ -6,17 +6,27 @@ A square product large enough to fill the chip, timed by CUDA events over many r
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import torch
 
-PEAK_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
+from cs336sys.dtypes import matmul_precision, torch_dtype
+from cs336sys.jobs import Run
+
+PEAK_DTYPES = ("bf16", "tf32", "fp32")
+
+
+@dataclass(frozen=True)
+class PeakSettings:
+    dtype: str  # bf16 | tf32 | fp32
+    n: int = 8192  # matrix side
+    repeats: int = 50
+    device: str = "cuda"
 
 
 def matmul_tflops(dtype_name: str, n: int, device: str, repeats: int = 50) -> float:
-    dtype = PEAK_DTYPES[dtype_name]
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype_name == "tf32"
-    try:
+    dtype = torch_dtype(dtype_name)
+    with matmul_precision(dtype_name):
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         for _ in range(5):
@@ -37,12 +47,9 @@ def matmul_tflops(dtype_name: str, n: int, device: str, repeats: int = 50) -> fl
                 a @ b
                 times.append(time.perf_counter() - t0)
         return 2 * n**3 / statistics.median(times) / 1e12
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-def run_point(settings: dict) -> dict:
-    """settings: device, dtype (bf16 | fp32 | tf32), n (matrix side)."""
-    if settings["dtype"] not in PEAK_DTYPES:
-        raise ValueError(f"unknown dtype {settings['dtype']!r}; known: {', '.join(PEAK_DTYPES)}")
-    return {"tflops": matmul_tflops(settings["dtype"], int(settings["n"]), settings["device"])}
+def run_point(settings: PeakSettings, run: Run) -> dict:
+    if settings.dtype not in PEAK_DTYPES:
+        raise ValueError(f"unknown dtype {settings.dtype!r}; known: {', '.join(PEAK_DTYPES)}")
+    return {"tflops": matmul_tflops(settings.dtype, settings.n, run.device, settings.repeats)}

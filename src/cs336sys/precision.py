@@ -7,8 +7,13 @@ intermediate (parameters, fc1 output, LayerNorm output, logits, loss, gradients)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+from cs336sys.dtypes import torch_dtype
+from cs336sys.jobs import Run
 
 ACCUMULATION_VARIANTS = {
     "fp32 += fp32": (torch.float32, torch.float32, False),
@@ -27,10 +32,23 @@ def accumulate(accumulator: torch.dtype, increment: torch.dtype, upcast: bool, d
     return float(s)
 
 
-def run_accumulation_point(settings: dict) -> dict:
+@dataclass(frozen=True)
+class AccumulationSettings:
+    n: int = 1000
+    value: float = 0.01
+    device: str = "cuda"
+
+
+@dataclass(frozen=True)
+class AutocastSettings:
+    autocast_dtype: str  # fp16 | bf16
+    device: str = "cuda"
+
+
+def run_accumulation_point(settings: AccumulationSettings, run: Run) -> dict:
     """All four loops in one point: they are one experiment and take microseconds."""
-    n, value = settings.get("n", 1000), settings.get("value", 0.01)
-    values = {name: accumulate(*spec, device=settings["device"], n=n, value=value)
+    n, value = settings.n, settings.value
+    values = {name: accumulate(*spec, device=run.device, n=n, value=value)
               for name, spec in ACCUMULATION_VARIANTS.items()}
     exact = n * value
     # fp16 spacing (one unit in the last place) where the fp16 sum stalls: [2^k, 2^(k+1)) has spacing 2^(k-10).
@@ -80,6 +98,7 @@ def autocast_dtypes(dtype: torch.dtype, device: str = "cpu") -> dict[str, str]:
     return {k: v.replace("torch.", "") for k, v in seen.items()}
 
 
-def run_autocast_dtypes_point(settings: dict) -> dict:
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[settings["autocast_dtype"]]
-    return {"dtypes": autocast_dtypes(dtype, settings["device"])}
+def run_autocast_dtypes_point(settings: AutocastSettings, run: Run) -> dict:
+    if settings.autocast_dtype not in ("fp16", "bf16"):
+        raise ValueError(f"autocast_dtype must be fp16 or bf16, got {settings.autocast_dtype!r}")
+    return {"dtypes": autocast_dtypes(torch_dtype(settings.autocast_dtype), run.device)}

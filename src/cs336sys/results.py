@@ -25,12 +25,20 @@ SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "unsupported", "error")
 
 
+GIT_COMMIT_ENV = "CS336SYS_GIT_COMMIT"  # set by the workflow on the submit host (see common.smk)
+
+
 @cache
 def _git_commit() -> str | None:
+    """The commit of the code that ran: from the environment when the workflow passes it (a copied
+    tree without .git, e.g. a GPU host or a cluster node), else from git. Not part of any code hash."""
+    given = os.environ.get(GIT_COMMIT_ENV)
+    if given:
+        return given
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).parent)
-        return out.stdout.strip() or None
+        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -53,9 +61,10 @@ def _static_environment() -> dict[str, Any]:
     except ImportError:
         env["triton"] = None
     if env["gpu_count"]:
-        props = torch.cuda.get_device_properties(0)
-        env["gpu"] = props.name
-        env["gpu_memory_bytes"] = props.total_memory
+        devices = [torch.cuda.get_device_properties(i) for i in range(env["gpu_count"])]
+        env["gpu"] = devices[0].name
+        env["gpu_memory_bytes"] = devices[0].total_memory
+        env["gpus"] = [{"index": i, "name": d.name, "memory_bytes": d.total_memory} for i, d in enumerate(devices)]
         env["device"] = "cuda"
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -64,14 +73,21 @@ def _static_environment() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             env["driver"] = None
     else:
-        env.update(gpu=None, gpu_memory_bytes=None, device="cpu", driver=None,
-                   cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count())
+        env.update(gpu=None, gpu_memory_bytes=None, gpus=[], device="cpu", driver=None)
+    env.update(cpu=platform.processor() or platform.machine(), cpu_count=os.cpu_count())
     return env
 
 
 def environment() -> dict[str, Any]:
-    """Hardware and software manifest, with the git commit and a UTC timestamp."""
-    return {**_static_environment(), "git_commit": _git_commit(),
+    """Hardware and software manifest: every visible GPU, the process group's world size and
+    backend, the git commit and a UTC timestamp."""
+    import torch.distributed as dist
+
+    grouped = dist.is_available() and dist.is_initialized()
+    return {**_static_environment(),
+            "world_size": dist.get_world_size() if grouped else 1,
+            "backend": dist.get_backend() if grouped else None,
+            "git_commit": _git_commit(),
             "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
 
 

@@ -45,6 +45,15 @@ def peak_memory_bytes(device: str | torch.device) -> int | None:
     return None
 
 
+def peak_rss_bytes() -> int:
+    """The process's resident-set high-water mark (CPU memory; it cannot be reset)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, KiB on Linux
+
+
 def reset_peak_memory(device: str | torch.device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

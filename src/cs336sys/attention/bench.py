@@ -23,12 +23,14 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from cs336sys.attention.naive import naive_attention
-from cs336sys.jobs import Unsupported
+from cs336sys.dtypes import torch_dtype
+from cs336sys.jobs import Run, Unsupported
 from cs336sys.timing import summarize_ms, synchronize, time_steps
 
 # Without CUDA, Triton kernels can only run through Triton's interpreter, which must be chosen
@@ -36,7 +38,6 @@ from cs336sys.timing import summarize_ms, synchronize, time_steps
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")  # PyTorch's own priority order
 
 # do_bench budget per measurement (milliseconds): enough repetitions for a stable median at
@@ -83,11 +84,47 @@ def _random_qkv(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return tuple(torch.randn(shape, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
 
 
-def _dtype(settings: dict, default: str = "fp32") -> torch.dtype:
-    name = settings.get("dtype", default)
-    if name not in DTYPES:
-        raise ValueError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
-    return DTYPES[name]
+@dataclass(frozen=True)
+class PytorchAttentionSettings:
+    """Problems 7 and 8a: naive attention at (batch, seq, d), no heads."""
+
+    seq: int
+    d: int
+    impl: str = "eager"  # eager | compiled
+    batch: int = 8
+    passes: int = 100
+    warmup: int = 5
+    dtype: str = "fp32"
+    device: str = "cuda"
+
+
+@dataclass(frozen=True)
+class FlashSettings:
+    """Problem 11: one point of the FlashAttention grid, inputs (batch, heads, seq, d)."""
+
+    impl: str  # triton | naive | naive_compiled | sdpa
+    seq: int
+    d: int
+    dtype: str = "bf16"
+    batch: int = 1
+    heads: int = 1
+    causal: bool = True
+    sdpa_backend: str | None = None  # pin one of flash/efficient/cudnn/math; None: the first that runs
+    device: str = "cuda"
+
+
+@dataclass(frozen=True)
+class LeaderboardSettings:
+    """The 2025 leaderboard shape: forward + backward of causal attention, loss = O.sum()."""
+
+    impl: str  # ours | sdpa_flash | sdpa_cudnn | sdpa_efficient | naive
+    batch: int = 1
+    heads: int = 16
+    seq: int = 16384
+    d: int = 64
+    dtype: str = "bf16"
+    causal: bool = True
+    device: str = "cuda"
 
 
 # --- implementations ------------------------------------------------------------------------
@@ -173,21 +210,19 @@ def flash_implementation(impl: str, q: torch.Tensor, is_causal: bool,
 
 # --- problem 7 / 8a -------------------------------------------------------------------------
 
-def run_pytorch_attention_point(settings: dict) -> dict:
+def run_pytorch_attention_point(settings: PytorchAttentionSettings, run: Run) -> dict:
     """Naive attention at (batch, seq, d), no heads: forward and backward times, memory.
 
     settings: device ("cuda"), d, seq, batch (8), passes (100), warmup (5), impl ("eager" |
     "compiled"), dtype ("fp32"). Forward/backward: mean and std over `passes` synchronised calls;
     the backward reuses one graph (retain_graph) so it times the backward alone.
     """
-    device = torch.device(settings.get("device", "cuda"))
-    batch, seq, d = int(settings.get("batch", 8)), int(settings["seq"]), int(settings["d"])
-    passes, warmup = int(settings.get("passes", 100)), int(settings.get("warmup", 5))
-    impl = settings.get("impl", "eager")
-    if impl not in ("eager", "compiled"):
-        raise ValueError(f"impl must be 'eager' or 'compiled', got {impl!r}")
-    attend = naive_attention if impl == "eager" else compiled_naive_attention()
-    q, k, v = _random_qkv((batch, seq, d), _dtype(settings), device)
+    device = torch.device(run.device)
+    batch, seq, d, passes, warmup = settings.batch, settings.seq, settings.d, settings.passes, settings.warmup
+    if settings.impl not in ("eager", "compiled"):
+        raise ValueError(f"impl must be 'eager' or 'compiled', got {settings.impl!r}")
+    attend = naive_attention if settings.impl == "eager" else compiled_naive_attention()
+    q, k, v = _random_qkv((batch, seq, d), torch_dtype(settings.dtype), device)
     with _retainable_graphs():
         return _time_pytorch_attention(attend, q, k, v, warmup, passes, device)
 
@@ -259,7 +294,7 @@ def _graphed_times(attend: Callable, q, k, v, is_causal: bool, grad_out: torch.T
     return times
 
 
-def run_flash_point(settings: dict) -> dict:
+def run_flash_point(settings: FlashSettings, run: Run) -> dict:
     """One point of the FlashAttention benchmark grid: forward, backward, forward+backward.
 
     settings: device ("cuda"), impl ("triton" | "naive" | "naive_compiled" | "sdpa"), seq, d,
@@ -268,14 +303,12 @@ def run_flash_point(settings: dict) -> dict:
     Inputs are (batch, heads, seq, d); dO is random. On CUDA, ours and SDPA are also timed as
     CUDA-graph replays (GPU time without host overhead; see `_graphed_times`).
     """
-    device = torch.device(settings.get("device", "cuda"))
-    batch, heads = int(settings.get("batch", 1)), int(settings.get("heads", 1))
-    seq, d = int(settings["seq"]), int(settings["d"])
-    causal = bool(settings.get("causal", True))
-    dtype = _dtype(settings)
-    impl = settings["impl"]
+    device = torch.device(run.device)
+    batch, heads, seq, d, causal = settings.batch, settings.heads, settings.seq, settings.d, settings.causal
+    dtype = torch_dtype(settings.dtype)
+    impl = settings.impl
     q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
-    attend, extra = flash_implementation(impl, q, causal, settings.get("sdpa_backend"))
+    attend, extra = flash_implementation(impl, q, causal, settings.sdpa_backend)
     if impl == "triton":
         _check_triton_runs_here(device, dtype)
     grad_out = torch.randn(q.shape, dtype=dtype, device=device)
@@ -291,19 +324,17 @@ def run_flash_point(settings: dict) -> dict:
     return metrics
 
 
-def run_leaderboard_point(settings: dict) -> dict:
+def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
     """The 2025 leaderboard measurement: forward + backward, loss = O.sum(), do_bench median.
 
     settings: device ("cuda"), impl ("ours" = torch.compile(FlashAttention2Triton.apply) |
     "sdpa_flash" | "sdpa_cudnn" | "sdpa_efficient" | "naive"), batch (1), heads (16),
     seq (16384), d (64), dtype ("bf16"), causal (True).
     """
-    device = torch.device(settings.get("device", "cuda"))
-    batch, heads = int(settings.get("batch", 1)), int(settings.get("heads", 16))
-    seq, d = int(settings.get("seq", 16384)), int(settings.get("d", 64))
-    causal = bool(settings.get("causal", True))
-    dtype = _dtype(settings, default="bf16")
-    impl = settings["impl"]
+    device = torch.device(run.device)
+    batch, heads, seq, d, causal = settings.batch, settings.heads, settings.seq, settings.d, settings.causal
+    dtype = torch_dtype(settings.dtype)
+    impl = settings.impl
     q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
     if impl == "ours":
         from cs336sys.attention.flash_triton import FlashAttention2Triton

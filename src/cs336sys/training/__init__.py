@@ -1,0 +1,1 @@
+"""Training-step construction shared by every experiment that runs the Transformer (`step`)."""
