@@ -1,7 +1,8 @@
 # cs336sys: CS336 Assignment 2 (Systems and Parallelism), measured and written up.
 #   snakemake -c1 writeup/report.pdf                      # main grid (GPU results), renders the report
 #   snakemake -c1 writeup/report.pdf --config grid=smoke  # tiny CPU grid, everything under smoke/
-# See README.md; a result file's rule is in workflow/rules/<part>.smk, named after its directory.
+# See README.md. The rule of a result file results/<experiment>/... is registered in
+# workflow/rules/<part>.smk; rules.smk turns the registrations into rules.
 
 configfile: f"{workflow.basedir}/config.yaml"
 
@@ -17,7 +18,7 @@ if config["grid"] == "smoke":
 include: "workflow/rules/benchmarking.smk"
 include: "workflow/rules/precision.smk"
 include: "workflow/rules/attention.smk"
-include: "workflow/rules/report.smk"
+include: "workflow/rules/rules.smk"
 
 
 rule all:

@@ -1,6 +1,8 @@
 import json
 
-from cs336sys.problems import PROBLEMS
+import pytest
+
+from cs336sys.registry import PROBLEMS, SECTIONS
 from cs336sys.report import coverage, render_markdown
 
 TEMPLATES = __import__("pathlib").Path(__file__).parent.parent / "writeup" / "templates"
@@ -14,14 +16,33 @@ def test_coverage_lists_every_problem_and_marks_missing_ones():
     assert not by_name["nsys_profile"]["has_results"] and by_name["nsys_profile"]["points"] == 0
 
 
-def test_report_says_when_a_section_has_no_results(tmp_path):
-    sections = []
-    for name in ("benchmarking", "precision", "attention"):
-        d = tmp_path / "sections" / name
+def empty_sections(root):
+    dirs = []
+    for name in SECTIONS:
+        d = root / "sections" / name
         d.mkdir(parents=True)
         (d / "context.json").write_text(json.dumps({"env": {}, "tables": {}, "figures": {}, "result_counts": {}}))
-        sections.append(d)
-    text = render_markdown(sections, TEMPLATES, tmp_path / "writeup" / "report.md")
-    assert text.count("No results yet for this section") == 3
+        dirs.append(d)
+    return dirs
+
+
+def test_report_says_when_a_section_has_no_results(tmp_path):
+    text = render_markdown(empty_sections(tmp_path), TEMPLATES, tmp_path / "writeup" / "report.md")
+    assert text.count("No results yet for this section") == len(SECTIONS)
     assert f"Problems with results: 0 of {len(PROBLEMS)}" in text
     assert (tmp_path / "writeup" / "report.md").read_text() == text
+    assert "smoke grid" not in text.split("\n## ")[0]
+
+
+def test_the_smoke_report_says_what_it_is_on_its_first_line(tmp_path):
+    text = render_markdown(empty_sections(tmp_path), TEMPLATES, tmp_path / "report.md", grid="smoke")
+    first = text.lstrip().splitlines()[0]
+    assert first.startswith("# CPU smoke grid") and "not results" in first
+
+
+def test_unknown_section_directory_is_an_error(tmp_path):
+    d = tmp_path / "sections" / "nonsense"
+    d.mkdir(parents=True)
+    (d / "context.json").write_text("{}")
+    with pytest.raises(ValueError, match="not sections of cs336sys.registry"):
+        render_markdown([d], TEMPLATES, tmp_path / "report.md")

@@ -5,7 +5,8 @@
     and the report;
 (c) touching files without changing them schedules nothing;
 (d) a fresh checkout (any file times) with the committed results schedules no experiment;
-plus: a bad config value fails with the key and the allowed values.
+plus: a bad config value fails with the key and the allowed values, and on a host without the GPUs
+a stale GPU experiment fails before anything is deleted or rewritten.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from cs336sys import registry
 
 REPO = Path(__file__).resolve().parent.parent
-CHEAP = {"benchmarking_section", "precision_section", "attention_section", "report_markdown", "report_pdf", "all"}
+CHEAP = registry.local_rules()
 SMOKE = ["writeup/report.pdf", "--config", "grid=smoke"]
 
 
@@ -88,6 +92,28 @@ def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "'huge' is not one of" in text and "'small'" in text and "sizes" in text
+
+
+def tree_digest(root: Path, *folders: str) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for f in folders for p in sorted((root / f).rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the stale experiment would simply run")
+def test_a_stale_gpu_experiment_on_a_cpu_host_changes_nothing(repo_copy):
+    peak = repo_copy / "src" / "cs336sys" / "peak.py"
+    original = peak.read_text()
+    before = tree_digest(repo_copy, "results", ".snakemake/metadata", "benchmarks")
+    peak.write_text(original + "\n# an edit on a laptop\n")
+    try:
+        proc = snakemake(repo_copy, "-c1", "writeup/report.pdf", check=False)
+    finally:
+        peak.write_text(original)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "matmul_peak (needs 1 GPU)" in text and "Nothing was run, deleted or rewritten" in text
+    assert "profiles/slurm" in text  # says how to run them
+    assert tree_digest(repo_copy, "results", ".snakemake/metadata", "benchmarks") == before
 
 
 def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):

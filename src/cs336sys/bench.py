@@ -72,9 +72,8 @@ def measure(settings: BenchSettings, device: str) -> dict:
     build_s = time.perf_counter() - build_start
     times = time_steps(step.run, settings.warmup, settings.steps, device)
     metrics = {**summarize_ms(times), "step_ms": times, "build_s": build_s, **step.info}
-    if torch.device(device).type == "cuda":
-        metrics["peak_memory_bytes"] = peak_memory_bytes(device)
-    else:  # no allocator statistics on the CPU: the process's resident-set high-water mark
+    metrics["peak_memory_bytes"] = peak_memory_bytes(device)  # GPU allocator peak; None on the CPU
+    if torch.device(device).type != "cuda":  # no allocator statistics: the process's resident-set high-water mark
         metrics["peak_rss_bytes"] = peak_rss_bytes()
     metrics["achieved_tflops"] = step.info["flops_per_step"] / (metrics["median_ms"] * 1e-3) / 1e12
     return metrics
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                              compile=a.compile, attention=a.attention, checkpoint_blocks=a.checkpoint_blocks,
                              warmup=a.warmup, steps=a.steps, optimizer=a.optimizer, device=a.device)
     m = measure(settings, a.device)
-    memory = (f"peak GPU memory allocated {m['peak_memory_bytes'] / 2**30:.3f} GiB" if "peak_memory_bytes" in m
+    memory = (f"peak GPU memory allocated {m['peak_memory_bytes'] / 2**30:.3f} GiB" if m["peak_memory_bytes"]
               else f"peak process RSS (CPU high-water mark) {m['peak_rss_bytes'] / 2**30:.3f} GiB")
     print(f"{a.size} ctx={a.context_length} {a.mode} {a.dtype} {a.compile} on {a.device}: "
           f"{m['mean_ms']:.2f} ± {m['std_ms']:.2f} ms (median {m['median_ms']:.2f}, min {m['min_ms']:.2f}) "

@@ -4,107 +4,29 @@
 ATT = GRID["attention"]
 PT, FLASH, LB = ATT["pytorch"], ATT["flash"], ATT["leaderboard"]
 
-PT_JOBS = {
-    impl: [dict(impl=impl, batch=PT["batch"], d=d, seq=seq, passes=PT["passes"], dtype="fp32", device=DEVICE)
-           for d in PT["d"] for seq in PT["seq"]]
-    for impl in PT["impls"]
-}
-FLASH_JOBS = {
-    (impl, dtype): [dict(impl=impl, dtype=dtype, seq=seq, d=d, batch=FLASH["batch"], heads=FLASH["heads"],
-                         causal=True, device=DEVICE) for d in FLASH["d"] for seq in FLASH["seq"]]
-    for impl in FLASH["impls"] for dtype in FLASH["dtypes"]
-}
+for impl in PT["impls"]:
+    points = [dict(impl=impl, batch=PT["batch"], d=d, seq=seq, passes=PT["passes"], dtype="fp32", device=DEVICE)
+              for d in PT["d"] for seq in PT["seq"]]
+    experiment_job("pytorch_attention", impl, points,
+                   [f"results/pytorch_attention/{impl}/d{p['d']}-seq{p['seq']}.json" for p in points])
+
+for impl in FLASH["impls"]:
+    for dtype in FLASH["dtypes"]:
+        points = [dict(impl=impl, dtype=dtype, seq=seq, d=d, batch=FLASH["batch"], heads=FLASH["heads"],
+                       causal=True, device=DEVICE) for d in FLASH["d"] for seq in FLASH["seq"]]
+        experiment_job("flash_benchmarking", f"{impl}-{dtype}", points,
+                       [f"results/flash_benchmarking/{impl}-{dtype}/d{p['d']}-seq{p['seq']}.json" for p in points])
+
 LB_POINTS = [dict(impl=impl, batch=LB["batch"], heads=LB["heads"], seq=LB["seq"], d=LB["d"], dtype=LB["dtype"],
                   causal=True, device=DEVICE) for impl in LB["impls"]]
+experiment_job("flash_leaderboard", "", LB_POINTS, [f"results/flash_leaderboard/{p['impl']}.json" for p in LB_POINTS])
 
-
-def pytorch_attention_output(p):
-    return f"results/pytorch_attention/{p['impl']}/d{p['d']}-seq{p['seq']}.json"
-
-
-def flash_output(p):
-    return f"results/flash_benchmarking/{p['impl']}-{p['dtype']}/d{p['d']}-seq{p['seq']}.json"
-
-
-for impl, points in PT_JOBS.items():
-
-    rule:
-        name:
-            f"pytorch_attention_{impl}"
-        output:
-            [pytorch_attention_output(p) for p in points],
-        params:
-            problem="pytorch_attention",
-            function="cs336sys.attention.bench:run_pytorch_attention_point",
-            points=points_json(points),
-            code=experiment_code("cs336sys.attention.bench:run_pytorch_attention_point"),
-        log:
-            f"logs/pytorch_attention/{impl}.log",
-        benchmark:
-            f"benchmarks/pytorch_attention/{impl}.tsv"
-        resources:
-            gpu=1,
-        shell:
-            EXPERIMENT
-
-
-for (impl, dtype), points in FLASH_JOBS.items():
-
-    rule:
-        name:
-            f"flash_benchmarking_{impl}_{dtype}"
-        output:
-            [flash_output(p) for p in points],
-        params:
-            problem="flash_benchmarking",
-            function="cs336sys.attention.bench:run_flash_point",
-            points=points_json(points),
-            code=experiment_code("cs336sys.attention.bench:run_flash_point"),
-        log:
-            f"logs/flash_benchmarking/{impl}-{dtype}.log",
-        benchmark:
-            f"benchmarks/flash_benchmarking/{impl}-{dtype}.tsv"
-        resources:
-            gpu=1,
-        shell:
-            EXPERIMENT
-
-
-rule flash_leaderboard:
-    output:
-        [f"results/flash_leaderboard/{p['impl']}.json" for p in LB_POINTS],
-    params:
-        problem="flash_leaderboard",
-        function="cs336sys.attention.bench:run_leaderboard_point",
-        points=points_json(LB_POINTS),
-        code=experiment_code("cs336sys.attention.bench:run_leaderboard_point"),
-    log:
-        "logs/flash_leaderboard.log",
-    benchmark:
-        "benchmarks/flash_leaderboard.tsv"
-    resources:
-        gpu=1,
-    shell:
-        EXPERIMENT
-
-
-rule attention_section:
-    localrule: True
-    input:
-        [pytorch_attention_output(p) for points in PT_JOBS.values() for p in points],
-        [flash_output(p) for points in FLASH_JOBS.values() for p in points],
-        rules.flash_leaderboard.output,
-        # wall time of each flash-grid job, compilation included
-        [f"benchmarks/flash_benchmarking/{impl}-{dtype}.tsv" for impl, dtype in FLASH_JOBS],
-        # the bf16 matrix-product ceiling bounds the attainable speed-up over naive attention
-        rules.matmul_peak.output,
-    output:
-        directory("results/sections/attention"),
-    params:
-        section="attention",
-        code=code_hash("cs336sys.analysis.attention"),
-        extra=json.dumps({"reference_ms": LB.get("reference_ms", {})}, sort_keys=True),
-    log:
-        "logs/sections/attention.log",
-    shell:
-        ANALYSIS
+section(
+    "attention",
+    results_of("pytorch_attention", "flash_benchmarking", "flash_leaderboard")
+    # wall time of each flash-grid job, compilation included
+    + timings_of("flash_benchmarking")
+    # the bf16 matrix-product ceiling bounds the attainable speed-up over naive attention
+    + results_of("matmul_peak"),
+    extra={"reference_ms": LB.get("reference_ms", {})},
+)

@@ -1,0 +1,102 @@
+# Makes the rules: one per registered experiment job, one per report section, and the report.
+# Included after every part's rule file (the parts register jobs and sections; see common.smk).
+
+for _job in EXPERIMENT_JOBS:
+    _function = registry.experiment(_job.experiment).function
+
+    rule:
+        name:
+            _job.rule
+        output:
+            _job.results,
+            [directory(d) for d in _job.rendered_dirs],
+        params:
+            problem=_job.experiment,
+            function=_function,
+            points=points_json(_job.points),
+            results=_job.results,
+            rendered="--rendered" if _job.rendered else "",
+            code=experiment_code(_function),
+        log:
+            _job.log,
+        benchmark:
+            _job.benchmark
+        resources:
+            gpu=_job.gpus,
+        shell:
+            EXPERIMENT
+
+
+for _name, _section in SECTION_INPUTS.items():
+
+    rule:
+        name:
+            registry.section(_name).rule
+        localrule: True
+        input:
+            _section["inputs"],
+        output:
+            directory(f"results/sections/{_name}"),
+        params:
+            section=_name,
+            extra=json.dumps(_section["extra"], sort_keys=True),
+            code=code_hash(registry.section(_name).module),
+        log:
+            f"logs/sections/{_name}.log",
+        shell:
+            ANALYSIS
+
+
+# A name in the registry that no rule file uses is an error, whichever grid runs.
+_missing = [name for name in registry.SECTIONS if name not in SECTION_INPUTS]
+if _missing:
+    raise WorkflowError(f"sections {_missing} are in cs336sys.registry.SECTIONS but no rule file registers them")
+_missing = sorted(set(registry.EXPERIMENTS) - {j.experiment for j in EXPERIMENT_JOBS})
+if _missing:
+    raise WorkflowError(f"experiments {_missing} are in cs336sys.registry.EXPERIMENTS but no rule file runs them")
+TEMPLATES = os.path.relpath(os.path.join(REPO, "writeup", "templates"), os.getcwd())
+
+
+rule report_markdown:
+    localrule: True
+    input:
+        sections=[f"results/sections/{s}" for s in registry.SECTIONS],
+        templates=sorted(
+            os.path.join(TEMPLATES, p)
+            for p in ["report.md.j2", "macros.md.j2"] + [s.template for s in registry.SECTIONS.values()]
+        ),
+    output:
+        "writeup/report.md",
+    params:
+        code=code_hash("cs336sys.report"),
+        grid=config["grid"],
+    log:
+        "logs/report/markdown.log",
+    shell:
+        '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {TEMPLATES:q} '
+        "--grid {params.grid} --out {output:q} > {log} 2>&1"
+
+
+rule report_pdf:
+    localrule: True
+    input:
+        rules.report_markdown.output,
+    output:
+        "writeup/report.pdf",
+    params:
+        code=code_hash("cs336sys.report"),
+    log:
+        "logs/report/pdf.log",
+    shell:
+        '"$CS336SYS_PYTHON" -m cs336sys.report pdf {input:q} --out {output:q} > {log} 2>&1 && '
+        'echo "report: $(pwd)/{output}"'
+
+
+onstart:
+    refuse_experiments_this_host_cannot_run(workflow)
+
+
+onsuccess:
+    if config["grid"] == "smoke":
+        print(f"smoke grid (CPU pipeline check, not results) written under {os.getcwd()}/: "
+              "writeup/report.pdf, results/, logs/", file=sys.stderr)
