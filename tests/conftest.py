@@ -5,10 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64: the one accuracy measure every numerical test uses."""
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from cs336sys.numerics import rel_err  # noqa: F401  (re-exported for the tests)
 
 
 def random_qkv(lead: tuple[int, ...], seq_q: int, seq_k: int, d: int, dtype=torch.float32, device="cpu"):

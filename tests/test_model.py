@@ -80,10 +80,15 @@ def test_causal_attention_matches_float64_reference():
     assert torch.isfinite(naive_causal_attention(big, big, big)).all()
 
 
-def test_flops_grow_as_expected():
-    small = forward_flops("small", 4, 512)
-    assert small > 2 * 4 * 512 * (parameter_count("small") - 10_000 * 768)  # matmuls + attention
-    assert forward_flops("small", 4, 1024) > 2 * small - 1  # quadratic attention term
+def test_flops_count_every_matmul_and_the_quadratic_attention_term():
+    s = get_size("small")
+    dense = 2 * 4 * 512 * (parameter_count("small") - s.vocab_size * s.d_model - s.num_layers * 2 * s.d_model
+                           - s.d_model)  # 2 FLOPs per weight per token; the embedding lookup and norms do none
+    attention = s.num_layers * 2 * 2 * 4 * 512**2 * s.d_model  # QK^T and PV over the full square
+    assert forward_flops("small", 4, 512) == dense + attention
+    # Doubling the context doubles the dense part and quadruples attention: the difference is the
+    # attention term, which must not be zero.
+    assert forward_flops("small", 4, 1024) - 2 * forward_flops("small", 4, 512) == 2 * attention > 0
 
 
 def _loss_and_grads(model, tokens):

@@ -1,6 +1,6 @@
 """Where the time of our FlashAttention goes, in one GPU call (notes/flash_attention.md, run 5).
 
-    PYTHONPATH=src python benchmarks/flash_probe.py --out DIR [--phases host,kernels]
+    PYTHONPATH=src python tools/flash_probe.py --out DIR [--phases host,kernels]
 
 Phases:
   host     host (CPU) cost per call at a size where the GPU work is negligible (batch 1, 1 head,
@@ -34,11 +34,13 @@ import triton.testing
 
 from cs336sys.attention import flash_triton_backward as bwd
 from cs336sys.attention import flash_triton_forward as fwd
+from cs336sys.attention.bench import bench_ms
 from cs336sys.attention.flash_configs import Tiles
 from cs336sys.attention.flash_triton import FlashAttention2Triton, flash_attention_triton_forward
 from cs336sys.attention.inputs import check_attention_inputs
 from cs336sys.attention.naive import naive_attention
 from cs336sys.jobs import free_device_memory
+from cs336sys.numerics import rel_err
 
 LOG: list[dict] = []
 OUT = Path(".")
@@ -135,12 +137,8 @@ def host() -> None:
 
 # --- kernels --------------------------------------------------------------------------------
 
-def rel_err(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def bench(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return bench_ms(fn, torch.device("cuda"))
 
 
 T = Tiles

@@ -1,6 +1,6 @@
 """Check and time FlashAttention tile variants on one GPU, in one call (notes/flash_attention.md).
 
-    PYTHONPATH=src python benchmarks/flash_tune.py --out DIR [--phases ceilings,sweep,compare,leaderboard]
+    PYTHONPATH=src python tools/flash_tune.py --out DIR [--phases ceilings,sweep,compare,leaderboard]
 
 Phases:
   ceilings     the machine's two roofs: a large bf16 matrix product and a device-to-device copy
@@ -26,10 +26,11 @@ import triton.testing
 
 from cs336sys.attention import flash_triton_backward as bwd
 from cs336sys.attention import flash_triton_forward as fwd
-from cs336sys.attention.bench import attention_flops, run_flash_point, run_leaderboard_point
+from cs336sys.attention.bench import attention_flops, bench_ms, run_flash_point, run_leaderboard_point
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles, backward_config, forward_config
 from cs336sys.attention.naive import naive_attention
 from cs336sys.jobs import Unsupported, free_device_memory, is_oom
+from cs336sys.numerics import rel_err
 
 T, B = Tiles, BackwardConfig
 FORWARD = {64: [T(128, 64, 8, 3), T(64, 64, 4, 3)], 128: [T(128, 64, 8, 3), T(64, 64, 4, 3)]}
@@ -56,11 +57,7 @@ def record(**row) -> dict:
 
 
 def bench(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
-def rel_err(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+    return bench_ms(fn, torch.device("cuda"))
 
 
 def ceilings() -> None:
