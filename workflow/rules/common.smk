@@ -60,7 +60,7 @@ if "CS336SYS_GIT_COMMIT" not in os.environ and (commit := _git("rev-parse", "HEA
 # Every experiment rule runs this command; per rule only params change. `code` is the content hash
 # of the modules the experiment imports: a change re-runs exactly the jobs whose code changed.
 EXPERIMENT = (
-    '"$CS336SYS_PYTHON" -m cs336sys.run {params.problem} --function {params.function} --nproc {resources.gpu} '
+    '"$CS336SYS_PYTHON" -m cs336sys.run {params.problem} --function {params.function} --nproc {params.nproc} '
     "{params.rendered} --points {params.points:q} --outputs {params.results:q} 2>&1 | tee {log}"
 )
 ANALYSIS = (
@@ -154,12 +154,13 @@ def refuse_experiments_this_host_cannot_run(workflow):
     nothing is changed. Jobs dispatched to a cluster are not checked here."""
     if DEVICE != "cuda" or not workflow.local_exec:
         return
-    names = {j.rule for j in EXPERIMENT_JOBS}
-    jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name in names]
+    # The GPUs a job needs are its registered count: `resources: gpu` is capped by --resources.
+    needs = {j.rule: j.gpus for j in EXPERIMENT_JOBS}
+    jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name in needs]
     if not jobs:
         return
     have = host_gpu_count()
-    short = [(j, int(j.resources.get("gpu", 1))) for j in jobs if int(j.resources.get("gpu", 1)) > have]
+    short = [(j, needs[j.rule.name]) for j in jobs if needs[j.rule.name] > have]
     if not short:
         return
     lines = [f"  {j.rule.name} (needs {need} GPU{'s' if need > 1 else ''}): {why_stale(workflow.dag.reason(j))}"
