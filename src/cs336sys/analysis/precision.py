@@ -12,6 +12,8 @@ from cs336sys.analysis.common import environment_summary, results_frame, save_ta
 def build(paths: list[Path], out: Path, **_: object) -> dict:
     frame = results_frame(paths)
     ctx: dict = {"env": environment_summary(frame), "tables": {}}
+    if frame.empty:
+        return ctx
     acc = frame[(frame.problem == "mixed_precision_accumulation") & (frame.status == "ok")]
     if not acc.empty:
         r = acc.iloc[0]

@@ -1,0 +1,63 @@
+"""The analysis layer on synthetic results: sections build the tables and context their templates
+read, and a failed build leaves no half-made section directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cs336sys.analysis import precision
+from cs336sys.results import write_result
+
+
+def test_precision_section_tables_come_from_the_results(tmp_path):
+    acc = write_result(tmp_path / "r" / "acc.json", "mixed_precision_accumulation", {"device": "cpu"},
+                       {"n": 1000, "value": 0.01, "exact": 10.0,
+                        "values": {"fp32 += fp32": 10.0001, "fp16 += fp16": 9.953},
+                        "abs_error": {"fp32 += fp32": 1e-4, "fp16 += fp16": 0.047},
+                        "fp16_of_value": 0.01000213623046875, "fp16_mantissa_bits": 10,
+                        "fp16_spacing_from": 8.0, "fp16_spacing": 0.0078125})
+    write_result(tmp_path / "r" / "bf16.json", "autocast_dtypes", {"autocast_dtype": "bf16", "device": "cpu"},
+                 {"dtypes": {"parameters": "float32", "logits": "bfloat16"}})
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = precision.build(sorted((tmp_path / "r").glob("*.json")), out)
+    assert ctx["accumulation"] == acc["metrics"]["values"] and ctx["exact"] == 10.0
+    table = (out / "accumulation.csv").read_text().splitlines()
+    assert table[0].startswith("loop,result,error vs 10") and len(table) == 3
+    assert ctx["autocast"] == {"bf16": {"parameters": "float32", "logits": "bfloat16"}}
+    assert "| logits | bfloat16 |" in (out / "autocast_dtypes.md").read_text()
+
+
+def test_precision_section_without_results_is_empty_not_an_error(tmp_path):
+    ctx = precision.build([], tmp_path)
+    assert ctx["tables"] == {} and ctx["env"] == {}
+
+
+def _analysis(*args):
+    return subprocess.run([sys.executable, "-m", "cs336sys.analysis", *args], capture_output=True, text=True)
+
+
+def test_analysis_command_writes_the_context_and_counts_results(tmp_path):
+    r = tmp_path / "autocast-fp16.json"
+    write_result(r, "autocast_dtypes", {"autocast_dtype": "fp16", "device": "cpu"}, {"dtypes": {"loss": "float32"}})
+    proc = _analysis("precision", "--results", str(r), "--out", str(tmp_path / "sec"))
+    assert proc.returncode == 0, proc.stderr
+    ctx = json.loads((tmp_path / "sec" / "context.json").read_text())
+    assert ctx["result_counts"] == {"autocast_dtypes": 1}
+
+
+@pytest.mark.parametrize("bad", ["{not json", '{"kind": 1}'])
+def test_a_failed_section_build_leaves_the_old_section_untouched(tmp_path, bad):
+    out = tmp_path / "sec"
+    out.mkdir()
+    (out / "context.json").write_text('{"old": true}')
+    r = tmp_path / "broken.json"
+    r.write_text(bad)
+    proc = _analysis("precision", "--results", str(r), "--out", str(out))
+    assert proc.returncode != 0
+    assert json.loads((out / "context.json").read_text()) == {"old": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.json", "sec"]  # no temporary left
