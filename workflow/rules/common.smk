@@ -77,7 +77,8 @@ class ExperimentJob:
     job: str  # names the rule, log and timing record; "" for an experiment with one job
     points: list
     results: list
-    gpus: int = 1
+    gpus: int = 1  # GPUs the job needs (resources: gpu); 0 for a CPU-only job
+    ranks: int = 1  # processes the runner starts: one per GPU, or gloo processes for CPU points
     rendered: bool = False  # each point also makes a committed folder beside its result
 
     @property
@@ -105,12 +106,16 @@ EXPERIMENT_JOBS: list[ExperimentJob] = []
 SECTION_INPUTS: dict[str, dict] = {}
 
 
-def experiment_job(experiment, job, points, results, gpus=1, rendered=False):
-    """Register an experiment job (made into a rule by rules.smk); returns its result paths."""
+def experiment_job(experiment, job, points, results, gpus=1, ranks=None, rendered=False):
+    """Register an experiment job (made into a rule by rules.smk); returns its result paths.
+    `gpus` GPUs, `ranks` processes (default: one per GPU, at least one)."""
     registry.experiment(experiment)
     if len(points) != len(results):
         raise ValueError(f"{experiment} {job}: {len(points)} points but {len(results)} result paths")
-    EXPERIMENT_JOBS.append(ExperimentJob(experiment, job, points, list(results), gpus, rendered))
+    ranks = ranks or max(gpus, 1)
+    if gpus and ranks != gpus:
+        raise ValueError(f"{experiment} {job}: one rank per GPU ({gpus} GPUs, {ranks} ranks)")
+    EXPERIMENT_JOBS.append(ExperimentJob(experiment, job, points, list(results), gpus, ranks, rendered))
     return list(results)
 
 

@@ -16,7 +16,7 @@ for _job in EXPERIMENT_JOBS:
             points=points_json(_job.points),
             results=_job.results,
             rendered="--rendered" if _job.rendered else "",
-            nproc=_job.gpus,  # ranks to start; `resources: gpu` below may be capped by --resources
+            nproc=_job.ranks,  # ranks to start; `resources: gpu` below may be capped by --resources
             code=experiment_code(_function),
         log:
             _job.log,

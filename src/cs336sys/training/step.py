@@ -17,6 +17,7 @@ what it runs (this module imports no parallelism and no Triton).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -62,10 +63,16 @@ class StepSpec:
         return self.batch_size or get_size(self.size).batch_size
 
 
+def _no_range(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 @dataclass
 class Step:
     """A built step. `run()` does one whole step; the parts are exposed for experiments that time
-    phases separately (forward_backward, sync, optimizer_step)."""
+    phases separately (forward_backward, sync, optimizer_step). `phase(name)` brackets each phase
+    ("forward", "backward", "sync", "optimizer_step"); profiling runs set it to a function that
+    opens a profiler/NVTX range, everything else leaves it a no-op."""
 
     spec: StepSpec
     model: TransformerLM  # the unwrapped model
@@ -75,28 +82,32 @@ class Step:
     targets: torch.Tensor
     device: str
     info: dict = field(default_factory=dict)
+    phase: Callable[[str], contextlib.AbstractContextManager] = _no_range
 
     def forward(self) -> None:
-        with torch.no_grad(), autocast(self.spec.dtype, self.device):
+        with self.phase("forward"), torch.no_grad(), autocast(self.spec.dtype, self.device):
             self.module(self.tokens)
 
     def forward_backward(self) -> torch.Tensor:
         start = getattr(self.module, "on_train_batch_start", None)
         if start is not None:
             start()
-        with autocast(self.spec.dtype, self.device):
+        with self.phase("forward"), autocast(self.spec.dtype, self.device):
             loss = cross_entropy(self.module(self.tokens), self.targets)
-        loss.backward()
+        with self.phase("backward"):
+            loss.backward()
         return loss
 
     def sync(self) -> None:
         finish = getattr(self.module, "finish_gradient_synchronization", None)
         if finish is not None:
-            finish()
+            with self.phase("sync"):
+                finish()
 
     def optimizer_step(self) -> None:
         if self.optimizer is not None:
-            self.optimizer.step()
+            with self.phase("optimizer_step"):
+                self.optimizer.step()
 
     def zero_grad(self) -> None:
         if self.optimizer is not None:
