@@ -67,26 +67,68 @@ def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: 
     return text
 
 
+# The printed page: A4, the body in 10 pt, tables in 9 pt. Figures are made exactly TEXT_WIDTH_CM wide
+# (cs336sys.analysis.common) and set at the text width, so their font sizes are their printed sizes.
+PAPER = "a4"
+PAGE_WIDTH_CM = 21.0
+MARGIN_X_CM = 2.0
+MARGIN_Y_CM = 2.2
+TEXT_WIDTH_CM = PAGE_WIDTH_CM - 2 * MARGIN_X_CM
+BODY_PT = 10
+TABLE_PT = 9
+KEEP_TOGETHER_CM = 9  # a table at most this tall is not split across pages
+
+# pandoc's typst template takes the page and body font from these variables (its `conf` function
+# sets them, so `#set page`/`#set text` before the template would be overridden).
+_PAGE_METADATA = json.dumps({"papersize": PAPER, "fontsize": f"{BODY_PT}pt",
+                             "margin": {"x": f"{MARGIN_X_CM}cm", "y": f"{MARGIN_Y_CM}cm"}})
+# Typst rules placed after the template's own (`--include-before-body`), so they win over its
+# `#set table(inset: 6pt)` and its justified paragraphs.
+_STYLE = f"""\
+// Tables: one size smaller than the body, ragged lines, no hyphenation (no "ea-ger" in a cell).
+// pandoc gives gfm pipe tables no widths (`columns: N`), so every column is as wide as its content;
+// the sections keep tables narrow enough to fit (wide ones go to a CSV file the report links).
+#show table: set text(size: {TABLE_PT}pt, hyphenate: false)
+#show table: set par(justify: false)
+#set table(inset: (x: 4.5pt, y: 3.5pt))
+// Long tables continue on the next page (with their header) instead of overflowing it; a short one
+// is kept whole rather than split after its first rows.
+#show figure: set block(breakable: true)
+#show figure.where(kind: table): it => context {{
+  let height = measure(block(width: {TEXT_WIDTH_CM}cm, it)).height
+  block(breakable: height > {KEEP_TOGETHER_CM}cm, it)
+}}
+// A table's label (a level-4 heading in the templates) stays with its table, out of the outline.
+#show heading.where(level: 4): set heading(outlined: false, bookmarked: false)
+#show heading.where(level: 4): set text(size: {BODY_PT}pt)
+// Figures at the text width: they are drawn that wide, so their text prints at its own size.
+#set image(width: 100%)
+"""
+
+
 def render_pdf(markdown: Path, out: Path) -> None:
     """Markdown -> Typst (pandoc, from pypandoc-binary) -> PDF (typst, from PyPI). Image paths in the
     Markdown are relative to its folder; Typst is rooted at the common parent so it may read them."""
     import pypandoc
     import typst
 
-    typ_source = pypandoc.convert_file(str(markdown), "typst", format="gfm",
-                                       extra_args=["--standalone", "--columns=100"])
-    # Tables as wide as the page and a readable body font size.
-    preamble = ('#set page(margin: 1.6cm)\n#set text(size: 9.5pt)\n#set table(inset: 4pt)\n'
-                # long tables continue on the next page instead of overflowing it
-                '#show figure: set block(breakable: true)\n')
     root = Path(os.path.commonpath([markdown.resolve().parent.parent, Path.cwd().resolve()]))
-    with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=markdown.parent, delete=False) as f:
-        f.write(preamble + typ_source)
-        typ_path = Path(f.name)
-    try:
-        pdf = typst.compile(str(typ_path), root=str(root))
-    finally:
-        typ_path.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cs336sys-report-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "page.yaml").write_text(_PAGE_METADATA)  # JSON is YAML
+        (tmp / "style.typ").write_text(_STYLE)
+        # --columns only wraps the Typst source; gfm tables carry no relative widths either way.
+        typ_source = pypandoc.convert_file(str(markdown), "typst", format="gfm", extra_args=[
+            "--standalone", "--columns=100", f"--metadata-file={tmp / 'page.yaml'}",
+            f"--include-before-body={tmp / 'style.typ'}"])
+        # Next to the Markdown, so the image paths resolve as they do from the Markdown.
+        with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=markdown.parent, delete=False) as f:
+            f.write(typ_source)
+            typ_path = Path(f.name)
+        try:
+            pdf = typst.compile(str(typ_path), root=str(root))
+        finally:
+            typ_path.unlink(missing_ok=True)
     write_atomic(out, pdf)
 
 
