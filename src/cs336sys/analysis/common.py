@@ -1,4 +1,11 @@
-"""Helpers every section uses: Markdown tables, figure style, the environment line."""
+"""Helpers every section uses: Markdown tables, figure style, the environment line.
+
+Figures: the report sets every image at the text width (`cs336sys.report.TEXT_WIDTH_CM`), so a figure is
+made exactly that wide (`figure()`; `save_figure` brings any other width to it) and its font sizes are
+the printed sizes: FIGURE_STYLE keeps all text at 8 pt or more. Give no smaller `fontsize=`.
+Tables: the Markdown of a table is printed in the PDF, so keep it narrow (at most 9 columns, short
+headers with units); a wider table goes to a CSV file only (`save_csv`), which the report links.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +18,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from cs336sys.report import TEXT_WIDTH_CM  # noqa: E402
 from cs336sys.results import load_results  # noqa: E402
+
+FIGURE_WIDTH_IN = TEXT_WIDTH_CM / 2.54
+MIN_FONT_PT = 8
+FIGURE_STYLE = {
+    "font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9, "xtick.labelsize": MIN_FONT_PT,
+    "ytick.labelsize": MIN_FONT_PT, "legend.fontsize": MIN_FONT_PT, "legend.title_fontsize": MIN_FONT_PT,
+    "figure.titlesize": 10, "lines.markersize": 4, "lines.linewidth": 1.3, "axes.grid": True,
+    "grid.alpha": 0.3, "grid.linewidth": 0.5, "legend.framealpha": 0.9, "savefig.dpi": 200,
+}
+plt.rcParams.update(FIGURE_STYLE)
 
 # Report order of model sizes (registry order), used to sort tables and x axes.
 SIZE_ORDER = ["tiny", "tiny2", "small", "medium", "large", "xl", "2.7B", "10B", "8B"]
@@ -31,28 +50,76 @@ def fmt(value, digits: int = 2) -> str:
     return str(value)
 
 
+# A cell that reads as a number: 1,234.5 / 0.76 / 19.22 ± 2.14 / 14% (a status such as "oom" is not).
+_NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(?: ± [\d,]*\.?\d+)?\s*[%×]?")
+
+
+def _numeric(column: pd.Series) -> bool:
+    """Right-align a column of numbers, also when some cells are statuses instead ("oom")."""
+    if pd.api.types.is_numeric_dtype(column):
+        return True
+    cells = [str(v) for v in column if isinstance(v, str) and v]
+    numbers = sum(bool(_NUMBER.fullmatch(c)) for c in cells)
+    return numbers > 0 and numbers >= len(cells) / 2
+
+
 def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
+    """A pipe table: numbers right-aligned, text left-aligned."""
     cols = [str(c) for c in df.columns]
-    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
+    numeric = [_numeric(df[c]) for c in df.columns]
     lines = ["| " + " | ".join(cols) + " |",
-             "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+             "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
     for row in df.itertuples(index=False):
         lines.append("| " + " | ".join(fmt(v, digits) for v in row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def save_table(df: pd.DataFrame, out_dir: Path, name: str, digits: int = 2) -> str:
-    """Write NAME.csv and NAME.md; return the Markdown for the report."""
-    df.to_csv(out_dir / f"{name}.csv", index=False)
+def save_table(df: pd.DataFrame, out_dir: Path, name: str, digits: int = 2, data: pd.DataFrame | None = None) -> str:
+    """Write NAME.csv (`data` if given: the numbers behind a table shaped for print) and NAME.md;
+    return the Markdown for the report."""
+    (df if data is None else data).to_csv(out_dir / f"{name}.csv", index=False)
     md = markdown_table(df, digits)
     (out_dir / f"{name}.md").write_text(md)
     return md
 
 
+def save_csv(df: pd.DataFrame, out_dir: Path, name: str) -> str:
+    """Write NAME.csv only (a table too wide to print); return its file name for the report's link."""
+    df.to_csv(out_dir / f"{name}.csv", index=False)
+    return f"{name}.csv"
+
+
+def figure(height_in: float, nrows: int = 1, ncols: int = 1, **kwargs):
+    """A figure as wide as the report's text, laid out by matplotlib's constrained layout (so a
+    `fig.legend(loc="outside lower center")` gets room of its own); `plt.subplots` arguments otherwise."""
+    kwargs.setdefault("layout", "constrained")
+    return plt.subplots(nrows, ncols, figsize=(FIGURE_WIDTH_IN, height_in), **kwargs)
+
+
+def log_axis(ax, which: str = "y", base: int = 10) -> None:
+    """Log scale on the x or y axis, labelled with plain numbers (0.5, 1, 2, 5, 10; 512, 1K, 64K for
+    base 2) rather than powers, whose small superscripts do not read in print."""
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+
+    def label(v, _pos=None) -> str:
+        return f"{v / 1024:g}K" if base == 2 and v >= 1024 else f"{v:g}"
+
+    axis.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0) if base == 10 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def save_figure(fig, out_dir: Path, name: str) -> str:
+    """Write NAME.png at the text width of the report (a figure of another width is scaled to it,
+    aspect kept, so its text prints at its nominal size)."""
+    width, height = fig.get_size_inches()
+    if abs(width - FIGURE_WIDTH_IN) > 1e-3:
+        fig.set_size_inches(FIGURE_WIDTH_IN, height * FIGURE_WIDTH_IN / width)
     path = out_dir / f"{name}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    fig.savefig(path)
     plt.close(fig)
     return path.name
 
