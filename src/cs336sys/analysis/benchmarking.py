@@ -6,13 +6,15 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from cs336sys.analysis.common import (
     environment_summary,
+    figure,
+    log_axis,
     read_benchmark_tsv,
     results_frame,
+    save_csv,
     save_figure,
     save_table,
     size_key,
@@ -55,13 +57,16 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         ok["mfu_pct"] = 100 * ok.achieved_tflops / ok.peak_tflops
         ok["peak_memory_gib"] = ok.peak_memory_bytes / 2**30
 
-    # All points, numeric (CSV for reuse; also the appendix table).
+    # All points, numeric: 13 columns, too wide to print, so a CSV file that the report links, and
+    # a printed summary per size and context length.
     cols = ["size", "context_length", "mode", "dtype", "compile", "status", "mean_ms", "std_ms", "median_ms",
             "min_ms", "achieved_tflops", "mfu_pct", "peak_memory_gib"]
     full = bench[["size", "context_length", "mode", "dtype", "compile", "status"]].join(
         ok[[c for c in cols[6:] if c in ok]]) if not bench.empty else pd.DataFrame(columns=cols)
     full = _sorted(full, "size", "context_length", "mode", "dtype", "compile")
-    ctx["tables"]["all_points"] = save_table(full, out, "all_points")
+    ctx["tables"]["all_points_csv"] = save_csv(full, out, "all_points")
+    if not full.empty:
+        ctx["tables"]["points_summary"] = save_table(_points_summary(full), out, "points_summary", digits=1)
 
     eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
     ctx["context_lengths"] = sorted(int(c) for c in eager.context_length.unique()) if not eager.empty else []
@@ -72,7 +77,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     ctx["tables"]["timing"] = {}
     for c in ctx["context_lengths"]:
         sel = eager[(eager["dtype"] == "fp32") & (eager.context_length == c)]
-        wide = _pivot_cells(sel, ["size"], "mode").rename(columns=MODE_LABEL)
+        wide = _pivot_cells(sel, ["size"], "mode").rename(columns={m: f"{v} (ms)" for m, v in MODE_LABEL.items()})
         ctx["tables"]["timing"][c] = save_table(wide, out, f"timing_fp32_ctx{c}")
 
     # 4(c): fp32 vs bf16 autocast.
@@ -84,8 +89,8 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     if not train.empty:
         mfu = _sorted(train[["size", "context_length", "dtype", "compile", "median_ms", "achieved_tflops",
                              "peak_tflops", "mfu_pct"]], "size", "context_length", "dtype", "compile")
-        mfu = mfu.rename(columns={"context_length": "context", "median_ms": "median ms",
-                                  "achieved_tflops": "TFLOP/s", "peak_tflops": "ceiling TFLOP/s", "mfu_pct": "MFU %"})
+        mfu = mfu.rename(columns={"context_length": "context", "median_ms": "median (ms)", "achieved_tflops": "TFLOP/s",
+                                  "peak_tflops": "ceiling (TFLOP/s)", "mfu_pct": "MFU (%)"})
         ctx["tables"]["mfu"] = save_table(mfu, out, "mfu", digits=1)
         best = train.loc[train.mfu_pct.idxmax()]
         ctx["best_mfu"] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
@@ -113,11 +118,12 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     wide["speedup"] = wide.fp32 / wide.bf16
     wide = _sorted(wide, "size", "context_length", "mode")
     wide.columns.name = None
-    table = wide.rename(columns={"fp32": "fp32 ms", "bf16": "bf16 autocast ms", "mode": "mode"})
+    table = wide[["size", "context_length", "mode", "fp32", "bf16", "speedup"]].rename(columns={
+        "context_length": "context", "fp32": "fp32 (ms)", "bf16": "bf16 autocast (ms)", "speedup": "speed-up (×)"})
     md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "bf16_speedup")
     c = max(ctx["context_lengths"])
     at = wide[(wide.context_length == c) & (wide["mode"] == "train_step")]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = figure(2.8)
     sizes = [s for s in ctx["sizes"] if s in set(wide["size"])]
     width = 0.8 / 3
     for i, mode in enumerate(MODE_LABEL):
@@ -126,9 +132,10 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     ax.axhline(1, color="grey", lw=0.8)
     ax.set_xticks(range(len(sizes)), sizes)
     ax.set_xlabel("model size")
-    ax.set_ylabel("fp32 time / bf16-autocast time (×)")
+    ax.set_ylabel("fp32 time / bf16 autocast time (×)")
     ax.set_title(f"bf16 autocast speed-up, context {c}")
-    ax.legend()
+    ax.grid(axis="x", visible=False)
+    ax.legend(ncol=3)
     return {"tables_bf16": md, "figure_bf16": save_figure(fig, out, "bf16_speedup"),
             "bf16_train_speedup": {r["size"]: float(r.speedup) for _, r in at.iterrows()},
             "bf16_slower": sorted({f"{r['size']} {MODE_LABEL[r['mode']]} (context {r['context_length']})"
@@ -148,10 +155,11 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
         return {}
     merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
     merged = _sorted(merged, *keys)
-    table = merged[keys + ["mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(
-        columns={"mean_ms_eager": "eager ms", "mean_ms_compiled": "compiled ms"})
+    table = merged[keys + ["mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(columns={
+        "context_length": "context", "mean_ms_eager": "eager (ms)", "mean_ms_compiled": "compiled (ms)",
+        "speedup": "speed-up (×)"})
     md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "compile_speedup")
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = figure(3.0)
     for (mode, dtype), g in merged.groupby(["mode", "dtype"]):
         g = _sorted(g, "size")
         ax.plot(g["size"], g.speedup, marker="o", label=f"{MODE_LABEL[mode]}, {dtype}")
@@ -159,7 +167,7 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
     ax.set_xlabel("model size")
     ax.set_ylabel("eager time / compiled time (×)")
     ax.set_title("torch.compile speed-up")
-    ax.legend(fontsize=8)
+    fig.legend(loc="outside right upper")
     return {"tables_compile": md, "figure_compile": save_figure(fig, out, "compile_speedup"),
             "compile_method": sorted(compiled_modes),
             "compile_speedup_range": [float(merged.speedup.min()), float(merged.speedup.max())]}
@@ -175,18 +183,26 @@ def _warmup(warm: pd.DataFrame, out: Path) -> dict:
         for w in r["warmups"]:
             window = steps[w:w + n]
             rows.append({"size": r["size"], "mode": MODE_LABEL[r["mode"]], "warm-up steps": w,
-                         "mean ms": statistics.fmean(window), "std ms": statistics.stdev(window)})
+                         "mean (ms)": statistics.fmean(window), "std (ms)": statistics.stdev(window)})
         ratios[f"{r['size']} {MODE_LABEL[r['mode']]}"] = steps[0] / statistics.median(steps[-n:])
     table = _sorted(pd.DataFrame(rows), "size", "mode", "warm-up steps")
-    md = save_table(table, out, "warmup")
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    # Printed: one row per size and mode, one column per number of warm-up steps (mean ± std).
+    cells = table.assign(cell=[f"{m:.2f} ± {sd:.2f}" for m, sd in zip(table["mean (ms)"], table["std (ms)"],
+                                                                       strict=True)])
+    wide = cells.pivot_table(index=["size", "mode"], columns="warm-up steps", values="cell", aggfunc="first")
+    wide = wide.rename(columns=lambda w: f"w = {w} (ms)").reset_index()
+    wide.columns.name = None
+    wide = wide.sort_values(["size", "mode"], key=lambda c: size_key(c) if c.name == "size" else
+                            c.map(list(MODE_LABEL.values()).index))
+    md = save_table(wide, out, "warmup", data=table)
+    fig, ax = figure(3.0)
     for _, r in _sorted(ok[ok["mode"] == ok["mode"].iloc[0]], "size").iterrows():
         ax.plot(range(len(r["step_ms"])), r["step_ms"], marker=".", label=r["size"])
-    ax.set_yscale("log")
+    log_axis(ax, "y")
     ax.set_xlabel("step index in a fresh process (0 = first step)")
     ax.set_ylabel("step time (ms, log scale)")
     ax.set_title(f"Cold start: {MODE_LABEL[ok['mode'].iloc[0]]} step times, context {int(ok.context_length.iloc[0])}")
-    ax.legend(fontsize=8, ncol=2)
+    fig.legend(title="model size", loc="outside right upper")
     worst = max(ratios, key=ratios.get)
     return {"tables_warmup": md, "figure_warmup": save_figure(fig, out, "warmup_steps"),
             "warmup_first_step_ratio": ratios, "warmup_worst": {"what": worst, "ratio": ratios[worst]},
@@ -209,12 +225,12 @@ def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: P
         for _, r in df.iterrows():
             job = f"{kind}/{r['size']}-{r['compile']}" if kind == "benchmarking" else f"{kind}/{r['size']}"
             inside[job] = inside.get(job, 0.0) + float(r.get("point_wall_s") or 0.0)
-    rows = [{"job": j, "wall s": w, "in points s": inside.get(j, 0.0), "overhead s": w - inside.get(j, 0.0)}
+    wall, points, over = "wall (s)", "in points (s)", "overhead (s)"
+    rows = [{"job": j, wall: w, points: inside.get(j, 0.0), over: w - inside.get(j, 0.0)}
             for j, w in sorted(records.items())]
     table = pd.DataFrame(rows)
-    total_wall, total_over = table["wall s"].sum(), table["overhead s"].sum()
-    table.loc[len(table)] = {"job": "total", "wall s": total_wall, "in points s": table["in points s"].sum(),
-                             "overhead s": total_over}
+    total_wall, total_over = table[wall].sum(), table[over].sum()
+    table.loc[len(table)] = {"job": "total", wall: total_wall, points: table[points].sum(), over: total_over}
     return {"tables_overhead": save_table(table, out, "overhead", digits=1),
             "overhead": {"wall_s": float(total_wall), "overhead_s": float(total_over),
                          "share_pct": float(100 * total_over / total_wall), "jobs": len(rows)}}
@@ -223,14 +239,30 @@ def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: P
 def _times_figure(ok: pd.DataFrame, out: Path) -> str:
     eager = ok[ok["compile"] == "eager"]
     c = int(eager.context_length.max())
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6), sharey=True)
+    fig, axes = figure(3.1, 1, 3, sharey=True)
     for ax, mode in zip(axes, MODE_LABEL, strict=True):
         for dtype, g in eager[(eager.context_length == c) & (eager["mode"] == mode)].groupby("dtype"):
             g = _sorted(g, "size")
             ax.errorbar(g["size"], g.mean_ms, yerr=g.std_ms, marker="o", capsize=3, label=dtype)
         ax.set_title(MODE_LABEL[mode])
         ax.set_xlabel("model size")
-        ax.set_yscale("log")
-        ax.legend()
-    axes[0].set_ylabel(f"time per step (ms, log scale), context {c}")
+        ax.tick_params(axis="x", labelrotation=45)
+        log_axis(ax, "y")
+    axes[0].legend()
+    axes[0].set_ylabel(f"time per step (ms), context {c}")
     return save_figure(fig, out, "times_vs_size")
+
+
+def _points_summary(full: pd.DataFrame) -> pd.DataFrame:
+    """Per size and context length: how many points ran or ran out of memory, the largest peak memory
+    and the best rate among them (the printed digest of all_points.csv)."""
+    rows = []
+    for (size, context), g in full.groupby(["size", "context_length"], sort=False):
+        ran = g[g.status == "ok"]
+        rows.append({"size": size, "context": context, "points": len(g), "ok": len(ran),
+                     "out of memory": int((g.status == "oom").sum()),
+                     "other": int((~g.status.isin(["ok", "oom"])).sum()),
+                     "largest peak memory (GiB)": ran["peak_memory_gib"].max() if "peak_memory_gib" in ran else None,
+                     "best TFLOP/s": ran["achieved_tflops"].max() if "achieved_tflops" in ran else None})
+    table = pd.DataFrame(rows)
+    return table if table["other"].any() else table.drop(columns="other")
