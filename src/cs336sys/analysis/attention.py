@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from cs336sys.analysis.common import (
     environment_summary,
+    figure,
+    log_axis,
     read_benchmark_tsv,
     results_frame,
     save_figure,
@@ -37,6 +38,9 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
     if "flash_targets" in ctx and not peak.empty and (peak["dtype"] == "bf16").any():
         ctx["flash_feasibility"] = _feasibility(frame[frame.problem == "flash_benchmarking"],
                                                 float(peak[peak["dtype"] == "bf16"]["tflops"].iloc[0]))
+        # the columns of the printed table of measured ratios: every implementation any row has
+        ctx["flash_feasibility_measured"] = list(dict.fromkeys(k for f in ctx["flash_feasibility"]
+                                                               for k in f["measured"]))
     ctx.update(_leaderboard(frame[frame.problem == "flash_leaderboard"], out, reference_ms or {}))
     walls = {p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
     if walls:
@@ -63,9 +67,9 @@ def _pytorch_attention(df: pd.DataFrame, out: Path) -> dict:
         g["memory_before_backward_mib"] = g.get("memory_before_backward_bytes", pd.Series(dtype=float)) / 2**20
         table = pd.DataFrame({
             "d": g["d"], "seq": g["seq"],
-            "forward ms": g.apply(_status_or("forward_ms", 3), axis=1),
-            "backward ms": g.apply(_status_or("backward_ms", 3), axis=1),
-            "memory before backward MiB": g.apply(_status_or("memory_before_backward_mib", 0), axis=1),
+            "forward (ms)": g.apply(_status_or("forward_ms", 3), axis=1),
+            "backward (ms)": g.apply(_status_or("backward_ms", 3), axis=1),
+            "memory before backward (MiB)": g.apply(_status_or("memory_before_backward_mib", 0), axis=1),
         })
         ctx["pt_tables"][impl] = save_table(table, out, f"pytorch_attention_{impl}")
     batch = int(df["batch"].iloc[0])
@@ -84,13 +88,16 @@ def _pytorch_attention(df: pd.DataFrame, out: Path) -> dict:
         keys = ["d", "seq"]
         m = ok[ok.impl == "eager"][keys + ["forward_ms", "backward_ms"]].merge(
             ok[ok.impl == "compiled"][keys + ["forward_ms", "backward_ms"]], on=keys, suffixes=("_eager", "_compiled"))
-        m["forward speed-up"] = m.forward_ms_eager / m.forward_ms_compiled
-        m["backward speed-up"] = m.backward_ms_eager / m.backward_ms_compiled
-        m = m.sort_values(keys).rename(columns={
-            "forward_ms_eager": "eager fwd ms", "backward_ms_eager": "eager bwd ms",
-            "forward_ms_compiled": "compiled fwd ms", "backward_ms_compiled": "compiled bwd ms"})
-        ctx["pt_compile_table"] = save_table(m, out, "pytorch_attention_compiled_vs_eager")
-        ctx["pt_compile_forward_range"] = [float(m["forward speed-up"].min()), float(m["forward speed-up"].max())]
+        m["forward_speedup"] = m.forward_ms_eager / m.forward_ms_compiled
+        m["backward_speedup"] = m.backward_ms_eager / m.backward_ms_compiled
+        m = m.sort_values(keys)
+        table = m[keys + ["forward_ms_eager", "forward_ms_compiled", "forward_speedup", "backward_ms_eager",
+                          "backward_ms_compiled", "backward_speedup"]].rename(columns={
+            "forward_ms_eager": "eager fwd (ms)", "forward_ms_compiled": "compiled fwd (ms)",
+            "forward_speedup": "fwd speed-up (×)", "backward_ms_eager": "eager bwd (ms)",
+            "backward_ms_compiled": "compiled bwd (ms)", "backward_speedup": "bwd speed-up (×)"})
+        ctx["pt_compile_table"] = save_table(table, out, "pytorch_attention_compiled_vs_eager")
+        ctx["pt_compile_forward_range"] = [float(m["forward_speedup"].min()), float(m["forward_speedup"].max())]
     return ctx
 
 
@@ -124,11 +131,11 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                 for impl in impls:
                     st = statuses.loc[(dtype, r["d"], r["seq"]), impl] if impl in statuses else "missing"
                     value = r.get(f"{part}:{impl}")
-                    row[short[impl]] = f"{value:.3f}" if st == "ok" and pd.notna(value) else st
+                    row[f"{short[impl]} (ms)"] = f"{value:.3f}" if st == "ok" and pd.notna(value) else st
                 if f"{part}:triton" in g and f"{part}:sdpa" in g:
-                    row["ours/SDPA"] = r[f"{part}:triton"] / r[f"{part}:sdpa"]
+                    row["ours / SDPA (×)"] = r[f"{part}:triton"] / r[f"{part}:sdpa"]
                 if f"{part}:triton" in g and f"{part}:naive" in g:
-                    row["naive/ours"] = r[f"{part}:naive"] / r[f"{part}:triton"]
+                    row["naive / ours (×)"] = r[f"{part}:naive"] / r[f"{part}:triton"]
                 rows.append(row)
             ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}, ms"] = save_table(
                 pd.DataFrame(rows), out, f"flash_{dtype}_{label}")
@@ -160,11 +167,12 @@ def _graphed_table(g: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in g.sort_values(["d", "seq"]).iterrows():
         rows.append({"d": r["d"], "seq": r["seq"],
-                     "ours fwd": r["graph_forward_ms:triton"], "SDPA fwd": r["graph_forward_ms:sdpa"],
-                     "ours fwd+bwd": r["graph_fwd_bwd_ms:triton"], "SDPA fwd+bwd": r["graph_fwd_bwd_ms:sdpa"],
-                     "fwd ratio": r["graph_forward_ms:triton"] / r["graph_forward_ms:sdpa"],
-                     "fwd+bwd ratio": r["graph_fwd_bwd_ms:triton"] / r["graph_fwd_bwd_ms:sdpa"],
-                     "eager fwd+bwd ratio": r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]})
+                     "fwd ours (ms)": r["graph_forward_ms:triton"], "fwd SDPA (ms)": r["graph_forward_ms:sdpa"],
+                     "fwd ours / SDPA": r["graph_forward_ms:triton"] / r["graph_forward_ms:sdpa"],
+                     "fwd+bwd ours (ms)": r["graph_fwd_bwd_ms:triton"],
+                     "fwd+bwd SDPA (ms)": r["graph_fwd_bwd_ms:sdpa"],
+                     "fwd+bwd ours / SDPA": r["graph_fwd_bwd_ms:triton"] / r["graph_fwd_bwd_ms:sdpa"],
+                     "eager fwd+bwd ours / SDPA": r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]})
     return pd.DataFrame(rows)
 
 
@@ -224,17 +232,25 @@ def _flash_figure(ok: pd.DataFrame, out: Path) -> str:
               if not ok[(ok["dtype"] == dt) & (ok["d"] == d)].empty]
     if not panels:
         panels = sorted({(r["dtype"], int(r["d"])) for _, r in ok.iterrows()})[:4]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4), squeeze=False)
-    for ax, (dt, d) in zip(axes[0], panels, strict=True):
-        for impl, g in ok[(ok["dtype"] == dt) & (ok["d"] == d)].groupby("impl"):
-            g = g.sort_values("seq")
-            ax.plot(g["seq"], g["fwd_bwd_ms"], marker="o", ms=3, label=IMPL_LABEL.get(impl, impl))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = figure(0.5 + 2.4 * nrows, nrows, ncols, squeeze=False, sharex=True)
+    for ax, (dt, d) in zip(axes.flat, panels, strict=False):
+        for impl in IMPL_LABEL:
+            g = ok[(ok["dtype"] == dt) & (ok["d"] == d) & (ok["impl"] == impl)].sort_values("seq")
+            if not g.empty:
+                ax.plot(g["seq"], g["fwd_bwd_ms"], marker="o", label=IMPL_LABEL[impl])
+        log_axis(ax, "x", base=2)
+        log_axis(ax, "y")
         ax.set_title(f"{dt}, d={d}, causal")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
         ax.set_xlabel("sequence length")
-    axes[0][0].set_ylabel("forward+backward (ms, log scale)")
-    axes[0][0].legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("forward+backward (ms)")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
     return save_figure(fig, out, "flash_times")
 
 
@@ -245,6 +261,7 @@ def _tflops_tables(ok: pd.DataFrame, out: Path) -> dict:
         wide = g.pivot_table(index=["d", "seq"], columns="impl", values="fwd_bwd_tflops").reset_index()
         wide.columns.name = None
         wide = wide.rename(columns={"triton": "ours", "sdpa": "SDPA", "naive_compiled": "compiled"})
+        wide = wide[["d", "seq"] + [c for c in ("naive", "compiled", "SDPA", "ours") if c in wide]]
         tables[f"{dtype} fwd+bwd TFLOP/s"] = save_table(wide, out, f"flash_{dtype}_tflops", digits=1)
     return tables
 
@@ -252,21 +269,23 @@ def _tflops_tables(ok: pd.DataFrame, out: Path) -> dict:
 def _speedup_figure(wide: pd.DataFrame, out: Path) -> str | None:
     if "fwd_bwd_ms:triton" not in wide:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+    fig, axes = figure(3.4, 1, 2, sharey=True)
     for ax, (other, title) in zip(axes, (("naive", "naive PyTorch"), ("sdpa", "PyTorch SDPA")), strict=True):
+        ax.set_title(f"{title} time / our time, fwd+bwd")
         if f"fwd_bwd_ms:{other}" not in wide:
             continue
+        ds = sorted(wide["d"].unique())
         for (dtype, d), g in wide.groupby(["dtype", "d"]):
             g = g.sort_values("seq")
-            ax.plot(g["seq"], g[f"fwd_bwd_ms:{other}"] / g["fwd_bwd_ms:triton"], marker="o", ms=3,
-                    label=f"{dtype}, d={d}")
+            ax.plot(g["seq"], g[f"fwd_bwd_ms:{other}"] / g["fwd_bwd_ms:triton"], marker="o", color=f"C{ds.index(d)}",
+                    ls="-" if dtype == "bf16" else "--", label=f"{dtype}, d={d}")
         ax.axhline(1, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        log_axis(ax, "x", base=2)
+        log_axis(ax, "y")
         ax.set_xlabel("sequence length")
-        ax.set_title(f"{title} time / our time, fwd+bwd")
-    axes[0].set_ylabel("speed-up (×, log scale)")
-    axes[0].legend(fontsize=6, ncol=2)
+    axes[0].set_ylabel("speed-up (×)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, frameon=False)
     return save_figure(fig, out, "flash_speedup")
 
 
@@ -276,7 +295,7 @@ def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
     rows = []
     for _, r in df.iterrows():
         rows.append({"implementation": r["impl"], "status": r["status"],
-                     "fwd+bwd ms": r.get("fwd_bwd_ms") if r["status"] == "ok" else None,
+                     "fwd+bwd (ms)": r.get("fwd_bwd_ms") if r["status"] == "ok" else None,
                      "TFLOP/s": r.get("fwd_bwd_tflops") if r["status"] == "ok" else None})
     table = pd.DataFrame(rows)
     first = df.iloc[0]
