@@ -27,6 +27,7 @@ from cs336sys.profiling.kernels import (
 from cs336sys.profiling.timeline import render_timeline, summarize_timeline
 from cs336sys.profiling.trace import intersection_length, parse_trace, record_trace, union_length
 from cs336sys.sizes import get_size
+from cs336sys.training.step import StepSpec, build_step
 
 STEPS = 2
 
@@ -63,6 +64,14 @@ def test_phase_is_a_shared_no_op_when_off():
     assert "forward" not in {e.name for e in prof.events()}
 
 
+def test_phase_plugs_into_the_step_builder():
+    step = build_step(StepSpec(size="tiny", context_length=16, mode="train_step"), "cpu")
+    step.phase = phase
+    parsed = parse_trace(record_trace(step.run, 1, 1, "cpu"))
+    assert {"forward", "backward", "optimizer_step"} <= {r.name for r in parsed.ranges} <= {"step", *PHASES} | {
+        r.name for r in parsed.ranges if r.name.startswith("Optimizer.")}
+
+
 def test_annotations_enabled_nests_and_restores():
     with annotations_enabled():
         assert annotating()
@@ -75,7 +84,7 @@ def test_annotations_enabled_nests_and_restores():
 def test_ranges_are_present_in_a_cpu_profile(cpu_trace):
     parsed = parse_trace(cpu_trace)
     names = {r.name for r in parsed.ranges}
-    assert {"step", *PHASES, "attention", *ATTENTION_RANGES} <= names
+    assert {"step", "forward", "backward", "optimizer_step", "attention", *ATTENTION_RANGES} <= names
     assert len(parsed.occurrences("forward")) == STEPS  # the warm-up step is not in the trace
     layers = get_size("tiny").num_layers
     assert len(parsed.occurrences("attention/softmax")) == STEPS * layers

@@ -4,6 +4,9 @@
         with phase("forward"):
             ...
 
+`phase` fits the step builder's hook: `step.phase = phase` (cs336sys.training.step.Step), then
+run the step inside `annotations_enabled()`.
+
 Each range is a `torch.profiler.record_function` (seen by torch.profiler) and, where CUDA is
 present, an NVTX range (seen by Nsight Systems). When annotation is off, `phase` returns one
 shared no-op context: no profiler call, no allocation, nothing that could perturb a timed step.
@@ -20,7 +23,7 @@ import torch
 
 from cs336sys.attention.naive import attention_scores
 
-PHASES = ("forward", "backward", "optimizer_step")
+PHASES = ("forward", "backward", "sync", "optimizer_step")  # the step builder's phase names
 ATTENTION_RANGES = ("attention/scores", "attention/softmax", "attention/final_matmul")
 
 _enabled = False

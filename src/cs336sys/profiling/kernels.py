@@ -58,9 +58,10 @@ _CPU = [(label, re.compile(pattern)) for label, pattern in _CPU_RULES]
 DEFAULT_SCOPES: dict[str, tuple[str, ...]] = {
     "forward": ("forward",),
     "backward": ("backward",),
+    "sync": ("sync",),
     "optimizer_step": ("optimizer_step",),
     "forward+backward": ("forward", "backward"),
-    "train_step": ("forward", "backward", "optimizer_step"),
+    "train_step": ("forward", "backward", "sync", "optimizer_step"),
 }
 SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, subtract, exp, sum, divide
 

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from cs336sys.profiling.timeline import SHADES
+
 CUDA_SOURCE = "torch.cuda.memory._snapshot (caching allocator history)"
 CPU_SOURCE = "torch.profiler CPU memory events (profile_memory=True), not the CUDA allocator"
 BEFORE_RECORDING = "before recording"
@@ -321,9 +323,8 @@ def render_memory_timeline(summary: dict, path: str | Path, title: str | None = 
     labels = [c if len(c) <= 60 else c[:59] + "…" for c in summary["categories"]]
     if ys:
         ax.stackplot(timeline["event"], ys, labels=labels, colors=colors, linewidth=0)
-    shades = {"forward": "#9ecae1", "backward": "#fdae6b", "optimizer_step": "#a1d99b"}
     for p in summary["phases"]:
-        ax.axvspan(p["start_event"], p["end_event"], color=shades.get(p["name"], "#dddddd"), alpha=0.18, lw=0)
+        ax.axvspan(p["start_event"], p["end_event"], color=SHADES.get(p["name"], "#dddddd"), alpha=0.18, lw=0)
         ax.text(p["start_event"], 0, p["name"], fontsize=7, va="bottom", rotation=90)
     peak = summary["peak_bytes"] / scale
     ax.axhline(peak, color="black", lw=0.6, ls="--")

@@ -29,7 +29,7 @@ from cs336sys.profiling.trace import ParsedTrace, Work, intersection_length, par
 
 CATEGORIES = ("compute", "communication", "memcpy", "memset")
 COLORS = {"compute": "#4C72B0", "communication": "#DD8452", "memcpy": "#55A868", "memset": "#8172B3"}
-SHADES = {"forward": "#9ecae1", "backward": "#fdae6b", "optimizer_step": "#a1d99b"}
+SHADES = {"forward": "#9ecae1", "backward": "#fdae6b", "sync": "#fc9272", "optimizer_step": "#a1d99b"}
 MAX_RANGES = 300
 
 
