@@ -318,14 +318,19 @@ def render_memory_timeline(summary: dict, path: str | Path, title: str | None = 
     scale, unit = _unit(max(summary["peak_bytes"], 1))
     fig = Figure(figsize=(width, 5.0))
     ax = fig.subplots()
-    colors = [matplotlib.colormaps["tab20"](i % 20) for i in range(len(summary["categories"]))]
+    palette = matplotlib.colormaps["tab20"]
+    colors = [palette((2 * i) % 20 + (2 * i) // 20 % 2) for i in range(len(summary["categories"]))]  # hues first
     ys = [[v / scale for v in curve] for curve in timeline["by_category"]]
     labels = [c if len(c) <= 60 else c[:59] + "…" for c in summary["categories"]]
     if ys:
-        ax.stackplot(timeline["event"], ys, labels=labels, colors=colors, linewidth=0)
-    for p in summary["phases"]:
-        ax.axvspan(p["start_event"], p["end_event"], color=SHADES.get(p["name"], "#dddddd"), alpha=0.18, lw=0)
-        ax.text(p["start_event"], 0, p["name"], fontsize=7, va="bottom", rotation=90)
+        ax.stackplot(timeline["event"], ys, labels=labels, colors=colors, linewidth=0, step="post", zorder=2)
+    for p in summary["phases"]:  # a band along the top, and a faint background over the phase
+        color = SHADES.get(p["name"], "#cccccc")
+        start, end = p["start_event"], min(p["end_event"] + 1, summary["events"])  # event i holds until i + 1
+        ax.axvspan(start, end, color=color, alpha=0.15, lw=0, zorder=0)
+        ax.axvspan(start, end, ymin=0.965, ymax=1.0, color=color, lw=0, zorder=3)
+        ax.text(p["start_event"], 1.0, f" {p['name']}", transform=ax.get_xaxis_transform(), fontsize=7,
+                va="bottom", zorder=4)
     peak = summary["peak_bytes"] / scale
     ax.axhline(peak, color="black", lw=0.6, ls="--")
     ax.annotate(f"peak {peak:.2f} {unit}", (summary["peak_event"], peak), xytext=(4, 4), textcoords="offset points",
@@ -334,7 +339,7 @@ def render_memory_timeline(summary: dict, path: str | Path, title: str | None = 
     ax.set_ylabel(f"active memory ({unit})")
     ax.set_xlim(0, max(summary["events"], 1))
     ax.set_ylim(0, peak * 1.08 if peak else 1)
-    ax.set_title(title or summary["source"], fontsize=9, loc="left")
+    ax.set_title(title or summary["source"], fontsize=9, loc="left", pad=14 if summary["phases"] else 6)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False, reverse=True)
     fig.text(0.01, 0.01, summary["source"], fontsize=6, color="#555555")
     fig.tight_layout()
