@@ -1,0 +1,52 @@
+# Problems distributed_communication_single_node (12) and the DDP problems (13-19): all-reduce
+# benchmark (NCCL over the GPUs, gloo over CPU processes), DDP variants' training steps against no
+# communication and PyTorch's DistributedDataParallel in the same job, and one profiled step of
+# each variant for the overlap timeline.
+
+AR = GRID["allreduce"]
+DDP = GRID["ddp"]
+
+for backend, device, worlds in (("nccl", "cuda", AR["nccl_world_sizes"]), ("gloo", "cpu", AR["gloo_world_sizes"])):
+    if device == "cuda" and DEVICE != "cuda":
+        continue  # the CPU smoke grid has no NCCL
+    for world in worlds:
+        points = [dict(size_bytes=b, warmup=AR["warmup"], iters=AR["iters"], device=device) for b in AR["sizes_bytes"]]
+        experiment_job("allreduce", f"{backend}-{world}", points,
+                       [f"results/allreduce/{backend}-{world}/{p['size_bytes']}.json" for p in points],
+                       gpus=world if device == "cuda" else 0, ranks=world)
+
+
+def ddp_points(size, dtype):
+    variants = [(v, None) for v in DDP["variants"]]
+    variants += [("bucketed", float(b)) for b in DDP["bucket_sizes_mb"]]
+    variants += [("torch_ddp", float(b)) for b in DDP["torch_ddp_bucket_sizes_mb"]]
+    return [dict(size=size, variant=v, bucket_size_mb=b, context_length=DDP["context_length"],
+                 batch_size=DDP["batch_size"], dtype=dtype, warmup=DDP["warmup"], steps=DDP["steps"], device=DEVICE)
+            for v, b in variants]
+
+
+def ddp_name(p):
+    return p["variant"] + (f"-{p['bucket_size_mb']:g}MB" if p["bucket_size_mb"] is not None else "")
+
+
+for size in DDP["sizes"]:
+    for dtype in DDP["dtypes"]:
+        points = ddp_points(size, dtype)
+        experiment_job("ddp_step", f"{size}-{dtype}", points,
+                       [f"results/ddp_step/{size}-{dtype}/{ddp_name(p)}.json" for p in points],
+                       gpus=DDP["world_size"])
+
+TRACE = DDP["trace"]
+TRACE_POINTS = [dict(size=TRACE["size"], variant=v, dtype=TRACE["dtype"], context_length=DDP["context_length"],
+                     batch_size=DDP["batch_size"], device=DEVICE,
+                     bucket_size_mb=float(TRACE["bucket_size_mb"]) if v == "bucketed" else None)
+                for v in TRACE["variants"]]
+experiment_job("ddp_trace", "", TRACE_POINTS, [f"results/ddp_trace/{ddp_name(p)}.json" for p in TRACE_POINTS],
+               gpus=DDP["world_size"], rendered=True)
+
+section(
+    "ddp",
+    results_of("allreduce", "ddp_step", "ddp_trace")
+    # each job's wall time: the grid's machine time
+    + timings_of("allreduce", "ddp_step", "ddp_trace"),
+)
