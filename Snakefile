@@ -18,6 +18,7 @@ if config["grid"] == "smoke":
 include: "workflow/rules/benchmarking.smk"
 include: "workflow/rules/precision.smk"
 include: "workflow/rules/attention.smk"
+include: "workflow/rules/ddp.smk"
 include: "workflow/rules/rules.smk"
 
 

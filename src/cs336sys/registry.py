@@ -61,6 +61,7 @@ SECTIONS: dict[str, Section] = {s.name: s for s in [
     Section("benchmarking", "Benchmarking the Transformer LM"),
     Section("precision", "Mixed precision"),
     Section("attention", "Attention: naive, compiled, FlashAttention-2"),
+    Section("ddp", "Distributed data parallel"),
 ]}
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -72,6 +73,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("pytorch_attention", "cs336sys.attention.bench:run_pytorch_attention_point", "attention"),
     Experiment("flash_benchmarking", "cs336sys.attention.bench:run_flash_point", "attention"),
     Experiment("flash_leaderboard", "cs336sys.attention.bench:run_leaderboard_point", "attention"),
+    Experiment("allreduce", "cs336sys.distributed.experiments:run_allreduce_point", "ddp"),
+    Experiment("ddp_step", "cs336sys.distributed.experiments:run_ddp_step_point", "ddp"),
+    Experiment("ddp_trace", "cs336sys.distributed.experiments:run_ddp_trace_point", "ddp"),
 ]}
 
 PROBLEMS: list[Problem] = [
@@ -86,14 +90,14 @@ PROBLEMS: list[Problem] = [
     Problem(9, "flash_forward", "both", "attention", ("flash_benchmarking",)),
     Problem(10, "flash_backward", "both", "attention", ("flash_benchmarking",)),
     Problem(11, "flash_benchmarking", "both", "attention", ("flash_benchmarking", "flash_leaderboard")),
-    Problem(12, "distributed_communication_single_node", "both", "ddp"),
-    Problem(13, "naive_ddp", "both", "ddp"),
-    Problem(14, "naive_ddp_benchmarking", "both", "ddp"),
-    Problem(15, "minimal_ddp_flat_benchmarking", "both", "ddp"),
-    Problem(16, "ddp_overlap_individual_parameters", "both", "ddp"),
-    Problem(17, "ddp_overlap_individual_parameters_benchmarking", "both", "ddp"),
-    Problem(18, "ddp_overlap_bucketed", "2025", "ddp"),
-    Problem(19, "ddp_bucketed_benchmarking", "2025", "ddp"),
+    Problem(12, "distributed_communication_single_node", "both", "ddp", ("allreduce",)),
+    Problem(13, "naive_ddp", "both", "ddp", ("ddp_step",)),
+    Problem(14, "naive_ddp_benchmarking", "both", "ddp", ("ddp_step",)),
+    Problem(15, "minimal_ddp_flat_benchmarking", "both", "ddp", ("ddp_step",)),
+    Problem(16, "ddp_overlap_individual_parameters", "both", "ddp", ("ddp_step",)),
+    Problem(17, "ddp_overlap_individual_parameters_benchmarking", "both", "ddp", ("ddp_step", "ddp_trace")),
+    Problem(18, "ddp_overlap_bucketed", "2025", "ddp", ("ddp_step",)),
+    Problem(19, "ddp_bucketed_benchmarking", "2025", "ddp", ("ddp_step",)),
     Problem(20, "communication_accounting and 2026 analysis problems", "both", "accounting"),
     Problem(21, "optimizer_state_sharding", "both", "sharding"),
     Problem(22, "optimizer_state_sharding_accounting", "both", "sharding"),
