@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run part of the main grid on a bare GPU host from a copy of this tree (no .git, no network), as
+# the committed results were made:
+#
+#   CS336SYS_GIT_COMMIT=$(git rev-parse HEAD) tools/run_on_gpu_host.sh SECONDS TARGET...
+#
+# TARGETs are rule names or result files (`snakemake --list-rules`). Installs Snakemake from the
+# wheels in .whl/ when it is missing (build them where pip works: ../shared/device/wheelhouse.sh
+# .whl), gives the run a time limit (jobs cut off are redone by the next run), and packs results/,
+# benchmarks/, .snakemake/metadata and logs/ into $OUT/results.tgz (or ./results.tgz): unpack that
+# into the checkout and commit it. CS336SYS_GIT_COMMIT names the commit whose code runs, since the
+# copy has no .git; the tree must be that commit's (CS336SYS_GIT_DIRTY=0 says so). Jobs run one at a time
+# (-c1): nothing else disturbs a timing, CPU-only (gloo) jobs included.
+set -uo pipefail
+limit=${1:?usage: run_on_gpu_host.sh SECONDS TARGET...}
+shift
+: "${CS336SYS_GIT_COMMIT:?set CS336SYS_GIT_COMMIT to the commit of this tree}"
+export CS336SYS_GIT_DIRTY=${CS336SYS_GIT_DIRTY:-0} PYTHONUNBUFFERED=1
+if ! python3 -c "import snakemake" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+echo "== $(date -u +%FT%TZ) ${gpus} GPU(s), commit ${CS336SYS_GIT_COMMIT}, limit ${limit} s: $*"
+start=$SECONDS
+timeout --signal=INT --kill-after=30 "$limit" python3 -m snakemake -c1 --resources gpu="${gpus:-1}" \
+    --keep-going --nocolor --quiet progress "$@" > snakemake.log 2>&1
+status=$?
+grep -E "^(Error|error|Finished|[0-9]+ of [0-9]+ steps|Exiting|Nothing)" snakemake.log | tail -n 40
+echo "== snakemake exit ${status} after $((SECONDS - start)) s"
+tar czf "${OUT:-.}/results.tgz" results benchmarks .snakemake/metadata logs snakemake.log 2>/dev/null
+exit "$status"
