@@ -2,4 +2,7 @@
 
     process_group   joining a process group (NCCL on GPUs, gloo on the CPU), always with a timeout
     spawn           run a function on N ranks in fresh processes (tests, tools); fails fast, names the rank
+    allreduce       all-reduce timing on the current rank, maximum across ranks, algorithm and bus bandwidth
+    ddp_base        what every DDP wrapper shares: broadcast, gradient groups and buckets, no_sync, averaging
+    ddp             the DDP wrappers: naive, flat, overlapped per parameter, bucketed (and build_ddp by name)
 """
