@@ -1,0 +1,81 @@
+"""Hardware descriptions the calculator evaluates the formulas for, each figure with its source.
+
+`flops` is C (FLOP/s of one device for the compute dtype's matrix products), `bandwidth` is W (bytes/s
+one device sends to the others: in the ring model an all-reduce's NCCL *bus* bandwidth equals W, see
+`cs336sys.accounting.communication`), `memory` is bytes of device memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    flops: float
+    bandwidth: float
+    memory: float
+    flops_source: str
+    bandwidth_source: str
+    memory_source: str
+    copy_bandwidth: float | None = None  # device-memory copy, bytes/s (not used by the formulas; for reference)
+    copy_source: str = ""
+
+    def with_overrides(self, flops: float | None = None, bandwidth: float | None = None,
+                       memory: float | None = None) -> Hardware:
+        """This hardware with some figures replaced (their source becomes "given")."""
+        out = self
+        if flops is not None:
+            out = replace(out, flops=flops, flops_source="given on the command line")
+        if bandwidth is not None:
+            out = replace(out, bandwidth=bandwidth, bandwidth_source="given on the command line")
+        if memory is not None:
+            out = replace(out, memory=memory, memory_source="given on the command line")
+        return out
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, Hardware] = {h.name: h for h in [
+    Hardware(
+        "tpu-v5p", flops=4.6e14, bandwidth=2 * 9e10, memory=95e9,
+        flops_source="2025 handout, communication_accounting (c): C = 4.6e14 FLOP/s (TPU v5p, from the Scaling Book)",
+        bandwidth_source="2025 handout, communication_accounting (c): W_ici = 2 * 9e10 bytes/s",
+        memory_source="2025 handout, communication_accounting (b): 95 GB per v5p device"),
+    Hardware(
+        "h100", flops=743.9e12, bandwidth=450e9, memory=85_017_493_504,
+        flops_source="measured by this project: bf16 matmul peak (results/peak/bf16.json)",
+        bandwidth_source="NVIDIA H100 SXM datasheet: NVLink 4 at 900 GB/s both ways, 450 GB/s each way "
+                         "(not measured here)",
+        memory_source="measured: torch total_memory of the H100 80GB HBM3 (results/peak/*.json env)",
+        copy_bandwidth=3.0e12, copy_source="measured by this project: device-to-device copy, about 3.0 TB/s"),
+    Hardware(
+        "h200", flops=790e12, bandwidth=326e9, memory=141e9,
+        flops_source="measured by this project on one H200: bf16 matmul, about 790 TFLOP/s (no result file yet)",
+        bandwidth_source="measured by this project on 2x H200: NCCL all-reduce bus bandwidth 326 GB/s at 1 GB "
+                         "over NVLink (no result file yet)",
+        memory_source="NVIDIA H200 datasheet: 141 GB",
+        copy_bandwidth=4.3e12, copy_source="measured by this project: device-to-device copy, about 4.3 TB/s"),
+]}
+PRESETS["handout"] = replace(PRESETS["tpu-v5p"], name="handout")
+
+
+def get_hardware(name: str | Hardware) -> Hardware:
+    if isinstance(name, Hardware):
+        return name
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware {name!r}; presets: {', '.join(PRESETS)}") from None
+
+
+def preset_for_gpu(gpu_name: str | None) -> Hardware | None:
+    """The preset of a GPU as `torch.cuda.get_device_name` spells it ("NVIDIA H100 80GB HBM3"), or None."""
+    if not gpu_name:
+        return None
+    for key in ("h200", "h100"):
+        if key in gpu_name.lower():
+            return PRESETS[key]
+    return None
