@@ -109,6 +109,10 @@ def synthetic_results(root: Path) -> list[Path]:
     p = parameter_count("tiny")
     add("shard", "sharding_memory", {"size": "tiny", "variant": "sharded", "world_size": 2},
         {"param_bytes": 4 * p, "grad_bytes": 4 * p, "optimizer_state_bytes": 4 * p, "peak_after_step_bytes": 13 * p})
+    add("peak", "matmul_peak", {"device": "cuda", "dtype": "bf16", "n": 8192}, {"tflops": 700.0})
+    peak = json.loads(paths[-1].read_text())
+    peak["env"]["gpu"] = "NVIDIA H100 80GB HBM3"  # as a GPU host records it
+    paths[-1].write_text(json.dumps(peak))
     add("fsdp", "fsdp_step", {"size": "tiny", "compute_dtype": "bf16", "variant": "ours", "world_size": 2},
         {"mean_ms": 3.0, "peak_bytes": 10 * p, "sharded_param_bytes": 2 * p})
     return paths
@@ -128,6 +132,9 @@ def test_measured_checks_compute_ratios_from_results(tmp_path):
     sharding = {r["quantity"].split(",")[0]: r for r in checks.sharding_rows(frame)}
     assert sharding["optimizer state"]["ratio"] == pytest.approx(1.0)  # 8P / 2 ranks
     assert sharding["peak after step"]["ratio"] == pytest.approx(13 / 12)
+    peak = checks.peak_rows(frame)
+    assert len(peak) == 1 and peak[0]["ratio"] == pytest.approx(700.0 / 743.9)
+    assert checks.peak_rows(frame[frame.problem != "matmul_peak"])[0]["measured"] == checks.NOT_MEASURED
     fsdp = {r["quantity"].split(",")[0]: r for r in checks.fsdp_rows(frame)}
     assert set(fsdp) == {"sharded parameters", "peak"}
     assert 0.5 < fsdp["sharded parameters"]["ratio"] < 1.0  # the tiny model's norms stay whole

@@ -13,7 +13,7 @@ point with measured = "not yet measured". The measured checks read a DataFrame o
   optimizer_state_bytes, peak_after_step_bytes;
 * fsdp_step: size, world_size, compute_dtype, variant, peak_bytes, sharded_param_bytes (and comm_ms,
   batch_size, context_length when present);
-* matmul_peak (not compared, only read): dtype, tflops.
+* matmul_peak: dtype, tflops (against the C of the GPU's preset, which copies one such measurement).
 """
 
 from __future__ import annotations
@@ -228,5 +228,20 @@ def fsdp_rows(frame: pd.DataFrame) -> list[dict]:
     return rows
 
 
-MEASURED_CHECKS = {"allreduce": allreduce_rows, "ddp_step": ddp_rows, "sharding_memory": sharding_rows,
-                   "fsdp_step": fsdp_rows}
+def peak_rows(frame: pd.DataFrame) -> list[dict]:
+    """The bf16 matmul rate a preset uses as C against the measured ones: a drifted preset shows here."""
+    peaks = _ok(frame, "matmul_peak")
+    if not peaks.empty:
+        peaks = peaks[peaks.dtype == "bf16"]
+    rows = []
+    for _, r in peaks.iterrows():
+        preset = preset_for_gpu(r.get("env.gpu"))
+        if preset is not None:
+            rows.append(_row(f"C: bf16 matmul, {preset.name}", "TFLOP/s", preset.flops / 1e12, float(r.tflops),
+                             f"{preset.name} preset"))
+    return rows or [_row("C: bf16 matmul, h100", "TFLOP/s", PRESETS["h100"].flops / 1e12, NOT_MEASURED,
+                         "h100 preset")]
+
+
+MEASURED_CHECKS = {"matmul_peak": peak_rows, "allreduce": allreduce_rows, "ddp_step": ddp_rows,
+                   "sharding_memory": sharding_rows, "fsdp_step": fsdp_rows}

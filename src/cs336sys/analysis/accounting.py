@@ -60,12 +60,12 @@ def bounds_table(answers: dict) -> pd.DataFrame:
         q = answers
         rows.append({
             "hardware": name, "C/W (tokens)": v[C] / v[W],
-            "DP": evaluate(q["data_parallel_calcs"]["bound"].rhs, v),
-            "FSDP": evaluate(q["fsdp_calcs"]["backward_bound"].rhs, v),
-            "TP fwd": evaluate(q["tp_calcs"]["forward_bound"].rhs, v),
-            "TP bwd": evaluate(q["tp_calcs"]["backward_bound"].rhs, v),
-            "2D, overlapped": evaluate(q["fsdp_tp_calcs"]["overlap_bound"].rhs, v),
-            "2D, shared": evaluate(q["fsdp_tp_calcs"]["shared_bound"].rhs, v),
+            "N_DP": evaluate(q["data_parallel_calcs"]["bound"].rhs, v),
+            "N_FSDP": evaluate(q["fsdp_calcs"]["backward_bound"].rhs, v),
+            "N_TP fwd": evaluate(q["tp_calcs"]["forward_bound"].rhs, v),
+            "N_TP bwd": evaluate(q["tp_calcs"]["backward_bound"].rhs, v),
+            "N, 2D overlapped": evaluate(q["fsdp_tp_calcs"]["overlap_bound"].rhs, v),
+            "N, 2D shared": evaluate(q["fsdp_tp_calcs"]["shared_bound"].rhs, v),
         })
     return pd.DataFrame(rows)
 
