@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -49,9 +50,11 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, device: str,
     torch.set_num_threads(1)  # N ranks share the machine's cores
     try:
         info = process_group.init(device, timeout=pg_timeout_s)
-        conn.send(("ok", fn(info, *args)))
+        # Plain pickle, not multiprocessing's: torch's reducer would share a returned tensor's memory
+        # through this process, which is gone by the time the parent reads it.
+        conn.send_bytes(pickle.dumps(("ok", fn(info, *args))))
     except BaseException as exc:  # report everything, KeyboardInterrupt included
-        conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())))
     finally:
         conn.close()
         process_group.destroy()
@@ -90,26 +93,41 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, device: str = "cp
         procs.append(p)
         conns.append(recv)
     results: dict[int, Any] = {}
+    failures: list[tuple[int, str, str]] = []  # (rank, message, traceback) in the order seen
     waiting = dict(enumerate(conns))
     deadline = time.monotonic() + timeout_s
+    settle = None  # after the first failure, a moment for its cause to show itself
     try:
         while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if settle is not None and now >= settle:
+                break
+            if now >= deadline:
                 raise RankFailed(None, f"ranks {sorted(waiting)} did not finish within {timeout_s:g} s")
+            left = min(deadline, settle or deadline) - now
             ready = wait(list(waiting.values()) + [procs[r].sentinel for r in waiting], timeout=left)
             for rank, conn in list(waiting.items()):
-                if conn in ready or procs[rank].sentinel in ready:
-                    try:
-                        message = conn.recv()
-                    except EOFError:  # exited (or was killed) without a word
-                        procs[rank].join(5)
-                        raise RankFailed(rank, f"died with exit code {procs[rank].exitcode} before "
-                                               "reporting a result") from None
+                if conn not in ready and procs[rank].sentinel not in ready:
+                    continue
+                try:
+                    message = pickle.loads(conn.recv_bytes())
+                except EOFError:  # exited (or was killed) without a word
+                    procs[rank].join(5)
+                    failures.append((rank, f"died with exit code {procs[rank].exitcode} before reporting a result",
+                                     ""))
+                else:
                     if message[0] == "error":
-                        raise RankFailed(rank, message[1], message[2])
-                    results[rank] = message[1]
-                    del waiting[rank]
+                        failures.append((rank, message[1], message[2]))
+                    else:
+                        results[rank] = message[1]
+                del waiting[rank]
+                if failures and settle is None:
+                    settle = time.monotonic() + 1.0
+        if failures:
+            # A rank that died silently is the likely cause of its peers' connection errors;
+            # otherwise the first error reported.
+            silent = [f for f in failures if not f[2]]
+            raise RankFailed(*(silent or failures)[0])
         for p in procs:
             p.join(30)
     finally:
