@@ -54,6 +54,7 @@ class Problem:
     edition: str
     section: str
     experiments: tuple[str, ...] = ()  # the experiments whose results answer it
+    derived: bool = False  # answered by computation in its section (formulas), not by measurement
 
 
 # Report order.
@@ -62,6 +63,7 @@ SECTIONS: dict[str, Section] = {s.name: s for s in [
     Section("precision", "Mixed precision"),
     Section("attention", "Attention: naive, compiled, FlashAttention-2"),
     Section("ddp", "Distributed data parallel"),
+    Section("accounting", "Parallelism accounting"),
 ]}
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -98,7 +100,8 @@ PROBLEMS: list[Problem] = [
     Problem(17, "ddp_overlap_individual_parameters_benchmarking", "both", "ddp", ("ddp_step", "ddp_trace")),
     Problem(18, "ddp_overlap_bucketed", "2025", "ddp", ("ddp_step",)),
     Problem(19, "ddp_bucketed_benchmarking", "2025", "ddp", ("ddp_step",)),
-    Problem(20, "communication_accounting and 2026 analysis problems", "both", "accounting"),
+    Problem(20, "communication_accounting and 2026 analysis problems", "both", "accounting",
+            ("allreduce", "ddp_step"), derived=True),
     Problem(21, "optimizer_state_sharding", "both", "sharding"),
     Problem(22, "optimizer_state_sharding_accounting", "both", "sharding"),
     Problem(23, "fsdp", "2026", "sharding"),

@@ -42,7 +42,8 @@ def coverage(contexts: dict[str, dict]) -> list[dict]:
     for p in PROBLEMS:
         n = sum(counts.get(r, 0) for r in p.experiments)
         rows.append({"number": p.number, "name": p.name, "edition": p.edition, "section": p.section,
-                     "points": n, "has_results": n > 0})
+                     "points": n, "has_results": n > 0 or (p.derived and p.section in contexts),
+                     "derived": p.derived})
     return rows
 
 
