@@ -60,3 +60,28 @@ def get_ddp(module: torch.nn.Module) -> torch.nn.Module:
 
 def ddp_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     ddp_model.finish_gradient_synchronization()
+
+
+# --- Optimizer state sharding and FSDP (problems optimizer_state_sharding, fsdp). Classes in
+# cs336sys.distributed.sharded_optimizer and cs336sys.distributed.fsdp. ---------------------------
+
+
+def get_sharded_optimizer(params, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
+    from cs336sys.distributed.sharded_optimizer import ShardedOptimizer
+
+    return ShardedOptimizer(params, optimizer_cls, **kwargs)
+
+
+def get_fsdp(module: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    from cs336sys.distributed.fsdp import FSDP
+
+    return FSDP(module, compute_dtype=compute_dtype)
+
+
+def fsdp_on_after_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter of the wrapped module by its original name, full and fp32 (a collective)."""
+    return model.gather_full_params()

@@ -5,4 +5,7 @@
     allreduce       all-reduce timing on the current rank, maximum across ranks, algorithm and bus bandwidth
     ddp_base        what every DDP wrapper shares: broadcast, gradient groups and buckets, no_sync, averaging
     ddp             the DDP wrappers: naive, flat, overlapped per parameter, bucketed (and build_ddp by name)
+    sharded_optimizer  optimizer state sharding: each rank steps its share, owners broadcast the updates
+    fsdp            fully-sharded data parallel: when layers are gathered, prefetched, reduced
+    fsdp_layer      one sharded layer: which layers, flat padded shard, gather, reduce-scatter, saved-tensor hooks
 """
