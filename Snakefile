@@ -19,6 +19,7 @@ include: "workflow/rules/benchmarking.smk"
 include: "workflow/rules/precision.smk"
 include: "workflow/rules/attention.smk"
 include: "workflow/rules/ddp.smk"
+include: "workflow/rules/sharding.smk"
 include: "workflow/rules/accounting.smk"
 include: "workflow/rules/rules.smk"
 

@@ -63,6 +63,7 @@ SECTIONS: dict[str, Section] = {s.name: s for s in [
     Section("precision", "Mixed precision"),
     Section("attention", "Attention: naive, compiled, FlashAttention-2"),
     Section("ddp", "Distributed data parallel"),
+    Section("sharding", "Optimizer state sharding and FSDP"),
     Section("accounting", "Parallelism accounting"),
 ]}
 
@@ -78,6 +79,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("allreduce", "cs336sys.distributed.experiments:run_allreduce_point", "ddp"),
     Experiment("ddp_step", "cs336sys.distributed.experiments:run_ddp_step_point", "ddp"),
     Experiment("ddp_trace", "cs336sys.distributed.experiments:run_ddp_trace_point", "ddp"),
+    Experiment("sharding_memory", "cs336sys.distributed.sharding_experiments:run_sharding_memory_point", "sharding"),
+    Experiment("fsdp_step", "cs336sys.distributed.sharding_experiments:run_fsdp_step_point", "sharding"),
+    Experiment("fsdp_trace", "cs336sys.distributed.sharding_experiments:run_fsdp_trace_point", "sharding"),
 ]}
 
 PROBLEMS: list[Problem] = [
@@ -102,10 +106,10 @@ PROBLEMS: list[Problem] = [
     Problem(19, "ddp_bucketed_benchmarking", "2025", "ddp", ("ddp_step",)),
     Problem(20, "communication_accounting and 2026 analysis problems", "both", "accounting",
             ("allreduce", "ddp_step"), derived=True),
-    Problem(21, "optimizer_state_sharding", "both", "sharding"),
-    Problem(22, "optimizer_state_sharding_accounting", "both", "sharding"),
-    Problem(23, "fsdp", "2026", "sharding"),
-    Problem(24, "fsdp_accounting", "2026", "sharding"),
+    Problem(21, "optimizer_state_sharding", "both", "sharding", ("sharding_memory",)),
+    Problem(22, "optimizer_state_sharding_accounting", "both", "sharding", ("sharding_memory",)),
+    Problem(23, "fsdp", "2026", "sharding", ("fsdp_step",)),
+    Problem(24, "fsdp_accounting", "2026", "sharding", ("fsdp_step", "fsdp_trace")),
     Problem(25, "leaderboard (8B training step)", "2026", "leaderboard"),
 ]
 

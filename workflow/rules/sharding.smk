@@ -1,0 +1,28 @@
+# Problems optimizer_state_sharding_accounting (22) and fsdp_accounting (24): memory and step time
+# of sharded optimizer state (ours and ZeroRedundancyOptimizer) and of FSDP (ours and FSDP2), each
+# job comparing its variants on the same GPUs, and one profiled FSDP step for the gather timeline.
+
+SHARD = GRID["sharding"]
+
+for size in SHARD["sizes"]:
+    points = [dict(size=size, variant=v, context_length=SHARD["context_length"], batch_size=SHARD["batch_size"],
+                   warmup=SHARD["warmup"], steps=SHARD["steps"], device=DEVICE) for v in SHARD["optimizer_variants"]]
+    experiment_job("sharding_memory", size, points,
+                   [f"results/sharding_memory/{size}/{p['variant']}.json" for p in points], gpus=SHARD["world_size"])
+    points = [dict(size=size, variant=v, compute_dtype=d, context_length=SHARD["context_length"],
+                   batch_size=SHARD["batch_size"], warmup=SHARD["warmup"], steps=SHARD["steps"], device=DEVICE)
+              for d in SHARD["fsdp_compute_dtypes"] for v in SHARD["fsdp_variants"]]
+    experiment_job("fsdp_step", size, points,
+                   [f"results/fsdp_step/{size}/{p['variant']}-{p['compute_dtype']}.json" for p in points],
+                   gpus=SHARD["world_size"])
+
+TRACE = SHARD["trace"]
+experiment_job("fsdp_trace", "", [dict(size=TRACE["size"], variant="ours", compute_dtype=TRACE["compute_dtype"],
+                                       context_length=SHARD["context_length"], batch_size=SHARD["batch_size"],
+                                       device=DEVICE)],
+               [f"results/fsdp_trace/ours-{TRACE['compute_dtype']}.json"], gpus=SHARD["world_size"], rendered=True)
+
+section(
+    "sharding",
+    results_of("sharding_memory", "fsdp_step", "fsdp_trace") + timings_of("sharding_memory", "fsdp_step", "fsdp_trace"),
+)
