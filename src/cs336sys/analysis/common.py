@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 
 from cs336sys.report import TEXT_WIDTH_CM  # noqa: E402
 from cs336sys.results import load_results  # noqa: E402
+from cs336sys.sizes import SIZES, SMOKE_SIZES  # noqa: E402
 
 FIGURE_WIDTH_IN = TEXT_WIDTH_CM / 2.54
 MIN_FONT_PT = 8
@@ -34,7 +35,8 @@ FIGURE_STYLE = {
 plt.rcParams.update(FIGURE_STYLE)
 
 # Report order of model sizes (registry order), used to sort tables and x axes.
-SIZE_ORDER = ["tiny", "tiny2", "small", "medium", "large", "xl", "2.7B", "10B", "8B"]
+# Report order of model sizes: the smoke grid's tiny ones first, then the registry's order.
+SIZE_ORDER = [*SMOKE_SIZES, *(s for s in SIZES if s not in SMOKE_SIZES)]
 
 
 def results_frame(paths: list[Path]) -> pd.DataFrame:
