@@ -8,4 +8,9 @@
     sharded_optimizer  optimizer state sharding: each rank steps its share, owners broadcast the updates
     fsdp            fully-sharded data parallel: when layers are gathered, prefetched, reduced
     fsdp_layer      one sharded layer: which layers, flat padded shard, gather, reduce-scatter, saved-tensor hooks
+    experiments     the DDP experiments (all-reduce, DDP steps, profiled steps) the pipeline runs
+    sharding_experiments  the optimizer-sharding and FSDP experiments
+
+(The job runner imports `process_group`, so this file is part of every experiment's code hash:
+an edit here re-runs every experiment.)
 """
