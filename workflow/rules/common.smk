@@ -103,15 +103,20 @@ class ExperimentJob:
 
 
 EXPERIMENT_JOBS: list[ExperimentJob] = []
+DECLARED_EXPERIMENTS: set[str] = set()  # every experiment a rule file handles, with or without points
 SECTION_INPUTS: dict[str, dict] = {}
 
 
 def experiment_job(experiment, job, points, results, gpus=1, ranks=None, rendered=False):
     """Register an experiment job (made into a rule by rules.smk); returns its result paths.
-    `gpus` GPUs, `ranks` processes (default: one per GPU, at least one)."""
+    `gpus` GPUs, `ranks` processes (default: one per GPU, at least one). A job with no points (a
+    grid that leaves the experiment out) makes no rule."""
     registry.experiment(experiment)
+    DECLARED_EXPERIMENTS.add(experiment)
     if len(points) != len(results):
         raise ValueError(f"{experiment} {job}: {len(points)} points but {len(results)} result paths")
+    if not points:
+        return []
     ranks = ranks or max(gpus, 1)
     if gpus and ranks != gpus:
         raise ValueError(f"{experiment} {job}: one rank per GPU ({gpus} GPUs, {ranks} ranks)")

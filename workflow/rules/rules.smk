@@ -52,7 +52,7 @@ for _name, _section in SECTION_INPUTS.items():
 _missing = [name for name in registry.SECTIONS if name not in SECTION_INPUTS]
 if _missing:
     raise WorkflowError(f"sections {_missing} are in cs336sys.registry.SECTIONS but no rule file registers them")
-_missing = sorted(set(registry.EXPERIMENTS) - {j.experiment for j in EXPERIMENT_JOBS})
+_missing = sorted(set(registry.EXPERIMENTS) - DECLARED_EXPERIMENTS)
 if _missing:
     raise WorkflowError(f"experiments {_missing} are in cs336sys.registry.EXPERIMENTS but no rule file runs them")
 TEMPLATES = os.path.relpath(os.path.join(REPO, "writeup", "templates"), os.getcwd())
