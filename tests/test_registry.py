@@ -60,12 +60,18 @@ def test_report_order_and_coverage_come_from_the_registry():
     assert "section_order" in text and not any(f'"{s}"' in text for s in registry.SECTIONS)
 
 
-def test_rules_are_made_for_every_registered_experiment_and_section():
-    listed = subprocess.run([sys.executable, "-m", "snakemake", "--list-rules"], cwd=REPO, capture_output=True,
+def list_rules(*args: str) -> set[str]:
+    listed = subprocess.run([sys.executable, "-m", "snakemake", "--list-rules", *args], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr[-2000:]
-    rules = set(listed.stdout.split())
-    assert {s.rule for s in registry.SECTIONS.values()} <= rules
-    experiments = rules - registry.local_rules()
+    return set(listed.stdout.split())
+
+
+def test_rules_are_made_for_every_registered_experiment_and_section():
+    main, smoke = list_rules(), list_rules("--config", "grid=smoke")
+    for rules in (main, smoke):
+        assert {s.rule for s in registry.SECTIONS.values()} <= rules
+    # Every experiment runs in the smoke grid; the main grid may leave one out until it is measured.
+    experiments = smoke - registry.local_rules()
     for name in registry.EXPERIMENTS:
         assert any(r == name or r.startswith(name + "_") for r in experiments), name
