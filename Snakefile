@@ -17,6 +17,7 @@ if config["grid"] == "smoke":
 
 include: "workflow/rules/benchmarking.smk"
 include: "workflow/rules/precision.smk"
+include: "workflow/rules/profiling.smk"
 include: "workflow/rules/attention.smk"
 include: "workflow/rules/ddp.smk"
 include: "workflow/rules/sharding.smk"

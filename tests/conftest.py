@@ -34,10 +34,12 @@ def fresh_seed():
     return seed
 
 
-def run_experiment(fn, device: str = "cpu", **point):
+def run_experiment(fn, device: str = "cpu", *, artifact_dir=None, rendered_dir=None, **point):
     """Call an experiment function as the job runner does: the point parsed into its settings
-    dataclass (so bad keys fail the same way), on this process's device."""
+    dataclass (so bad keys fail the same way), on this process's device; `artifact_dir` and
+    `rendered_dir` become the Run's per-point folders (None: the experiment gets none)."""
     from cs336sys.jobs import Run, parse_settings, settings_type
 
     settings = parse_settings(settings_type(fn), {"device": device, **point})
-    return fn(settings, Run(device="cuda:0" if device == "cuda" else device))
+    return fn(settings, Run(device="cuda:0" if device == "cuda" else device, artifact_dir=artifact_dir,
+                            rendered_dir=rendered_dir))

@@ -27,6 +27,13 @@ def test_registry_is_consistent():
     assert [p.number for p in registry.PROBLEMS] == list(range(1, len(registry.PROBLEMS) + 1))
 
 
+def test_a_measured_problem_in_an_unregistered_section_fails_the_check(monkeypatch):
+    stray = registry.Problem(99, "stray", "both", "no_such_section", ("benchmarking",))
+    monkeypatch.setattr(registry, "PROBLEMS", [*registry.PROBLEMS, stray])
+    with pytest.raises(ValueError, match="no_such_section"):
+        registry.check()
+
+
 @pytest.mark.parametrize("name", list(registry.SECTIONS))
 def test_each_section_has_its_analysis_and_template(name):
     section = registry.SECTIONS[name]

@@ -61,6 +61,8 @@ class Problem:
 SECTIONS: dict[str, Section] = {s.name: s for s in [
     Section("benchmarking", "Benchmarking the Transformer LM"),
     Section("precision", "Mixed precision"),
+    Section("profiling", "Profiling: kernels of a step"),
+    Section("memory", "Memory: snapshots, saved tensors, checkpointing"),
     Section("attention", "Attention: naive, compiled, FlashAttention-2"),
     Section("ddp", "Distributed data parallel"),
     Section("sharding", "Optimizer state sharding and FSDP"),
@@ -73,6 +75,10 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("matmul_peak", "cs336sys.peak:run_point", "benchmarking"),
     Experiment("mixed_precision_accumulation", "cs336sys.precision:run_accumulation_point", "precision"),
     Experiment("autocast_dtypes", "cs336sys.precision:run_autocast_dtypes_point", "precision"),
+    Experiment("kernel_profile", "cs336sys.profiling.experiments:run_kernel_profile", "profiling"),
+    Experiment("memory_snapshot", "cs336sys.profiling.experiments_memory:run_memory_snapshot", "memory"),
+    Experiment("saved_tensors", "cs336sys.profiling.experiments_memory:run_saved_tensors", "memory"),
+    Experiment("checkpointing", "cs336sys.profiling.experiments_checkpointing:run_checkpointing", "memory"),
     Experiment("pytorch_attention", "cs336sys.attention.bench:run_pytorch_attention_point", "attention"),
     Experiment("flash_benchmarking", "cs336sys.attention.bench:run_flash_point", "attention"),
     Experiment("flash_leaderboard", "cs336sys.attention.bench:run_leaderboard_point", "attention"),
@@ -86,11 +92,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
 
 PROBLEMS: list[Problem] = [
     Problem(1, "benchmarking_script", "both", "benchmarking", ("benchmarking", "warmup")),
-    Problem(2, "nsys_profile", "both", "profiling"),
+    Problem(2, "nsys_profile", "both", "profiling", ("kernel_profile",)),
     Problem(3, "mixed_precision_accumulation", "both", "precision", ("mixed_precision_accumulation",)),
     Problem(4, "benchmarking_mixed_precision", "both", "precision", ("autocast_dtypes", "benchmarking")),
-    Problem(5, "memory_profiling", "both", "memory"),
-    Problem(6, "gradient_checkpointing", "2026", "memory"),
+    Problem(5, "memory_profiling", "both", "memory", ("memory_snapshot", "saved_tensors")),
+    Problem(6, "gradient_checkpointing", "2026", "memory", ("saved_tensors", "checkpointing")),
     Problem(7, "pytorch_attention", "both", "attention", ("pytorch_attention",)),
     Problem(8, "torch_compile", "both", "attention", ("pytorch_attention", "benchmarking")),
     Problem(9, "flash_forward", "both", "attention", ("flash_benchmarking",)),
@@ -142,3 +148,5 @@ def check() -> None:
     for p in PROBLEMS:
         for name in p.experiments:
             experiment(name)
+        if p.experiments or p.derived:  # a problem with no experiments yet names the section it will have
+            section(p.section)

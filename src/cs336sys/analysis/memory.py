@@ -1,0 +1,390 @@
+"""Section: memory (problems 5, memory_profiling, and 6, gradient_checkpointing).
+
+From the memory_snapshot results: peak memory per context, mode and dtype; the active-memory
+timelines (re-drawn here from each point's committed summary JSON, in the report's figure style);
+the largest allocations and the code that made them; the residual-stream size derived from the
+config and checked against the allocation sizes seen. From saved_tensors: what one TransformerBlock
+saves for its backward (top five ops), RMSNorm eager against compiled, gradient bytes per block.
+From checkpointing: peak memory and step time over the group size k, against the sqrt(N)
+prediction made from the measured per-block numbers; the nested schemes' costs for our N.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.analysis.common import (
+    environment_summary,
+    figure,
+    read_benchmark_tsv,
+    results_frame,
+    save_figure,
+    save_table,
+)
+from cs336sys.profiling.checkpointing import (
+    bisection_cost,
+    checkpoint_memory,
+    optimal_group_size,
+    recompute_from_input_cost,
+)
+from cs336sys.profiling.timeline import SHADES
+from cs336sys.results import read_result
+
+MIB = 2**20
+GIB = 2**30
+MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
+
+
+def unit_of(largest: float) -> tuple[str, int]:
+    """GiB for GPU-sized numbers, MiB for the smoke grid's tiny ones."""
+    return ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
+
+
+def _load(paths: list[Path], problem: str) -> list[dict]:
+    out = []
+    for p in paths:
+        if p.suffix != ".json":
+            continue
+        r = read_result(p)
+        if r["problem"] == problem:
+            r["path"] = p
+            out.append(r)
+    return out
+
+
+def build(paths: list[Path], out: Path, **_: object) -> dict:
+    frame = results_frame(paths)
+    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}}
+    timings = [p for p in paths if p.suffix == ".tsv" and p.exists()]
+    if timings:
+        ctx["machine_s"] = sum(read_benchmark_tsv(p) for p in timings)
+    snapshots = _load(paths, "memory_snapshot")
+    saved = _load(paths, "saved_tensors")
+    sweep = _load(paths, "checkpointing")
+    if snapshots:
+        _snapshots(ctx, out, snapshots)
+    if saved:
+        _saved(ctx, out, saved)
+    if snapshots and saved:
+        _gradients_from_snapshot(ctx, snapshots, saved)
+    if sweep:
+        _checkpointing(ctx, out, sweep)
+    return ctx
+
+
+# --- snapshots (problem 5 a-e) -------------------------------------------------------------------------
+
+def _cell(r: dict | None, scale: int) -> str | float | None:
+    if r is None:
+        return None
+    return r["metrics"]["peak_bytes"] / scale if r["status"] == "ok" else r["status"]
+
+
+def _snapshots(ctx: dict, out: Path, snapshots: list[dict]) -> None:
+    ok = [r for r in snapshots if r["status"] == "ok"]
+    by = {(r["settings"]["size"], r["settings"]["context_length"], r["settings"]["mode"], r["settings"]["dtype"]): r
+          for r in snapshots}
+    # one model size is shown: the one with the most points that ran
+    size = max(sorted({k[0] for k in by}), key=lambda s: sum(1 for r in ok if r["settings"]["size"] == s))
+    unit, scale = unit_of(max((r["metrics"]["peak_bytes"] for r in ok), default=0))
+    contexts = sorted({k[1] for k in by if k[0] == size})
+    dtypes = [d for d in ("fp32", "bf16") if any(k[3] == d for k in by)]
+    modes = [m for m in MODE_LABEL if any(k[2] == m for k in by)]
+    ctx["snapshot"] = {"size": size, "contexts": contexts, "dtypes": dtypes, "unit": unit,
+                       "sources": sorted({r["metrics"]["source"] for r in ok}),
+                       "oom": [f"context {k[1]} {MODE_LABEL[k[2]]} {k[3]}" for k, r in sorted(by.items())
+                               if k[0] == size and r["status"] == "oom"]}
+    ctx["snapshot"]["source"] = "; ".join(ctx["snapshot"]["sources"])
+
+    # (b, c) peak memory: two numbers per context length, per dtype
+    rows = []
+    for c in contexts:
+        row = {"context": c}
+        for d in dtypes:
+            for m in modes:
+                row[f"{MODE_LABEL[m]} {d} ({unit})"] = _cell(by.get((size, c, m, d)), scale)
+        rows.append(row)
+    ctx["tables"]["peaks"] = save_table(pd.DataFrame(rows), out, "peak_memory", digits=2)
+
+    ratios: dict[str, list[float]] = {}
+    for (s, c, m, d), r in by.items():
+        other = by.get((s, c, m, "fp32"))
+        if d == "bf16" and r["status"] == "ok" and other is not None and other["status"] == "ok":
+            ratios.setdefault(m, []).append(r["metrics"]["peak_bytes"] / other["metrics"]["peak_bytes"])
+    ctx["bf16_ratio"] = {MODE_LABEL[m]: {"min": min(v), "max": max(v)} for m, v in ratios.items()}
+
+    # (a) timelines: forward and train step at the longest context where both ran (fp32 first)
+    pairs = [(c, d) for d in dtypes for c in reversed(contexts)
+             if all(by.get((size, c, m, d)) is not None and by[(size, c, m, d)]["status"] == "ok" for m in modes)]
+    if pairs:
+        c, d = pairs[0]
+        ctx["timeline"] = {"context_length": c, "dtype": d, "modes": []}
+        for m in modes:
+            r = by[(size, c, m, d)]
+            summary_path = r["path"].with_suffix("") / "summary.json"
+            entry = {"mode": MODE_LABEL[m], "peak": r["metrics"]["peak_bytes"] / scale,
+                     "peak_phase": r["metrics"]["peak_phase"], "baseline": r["metrics"]["baseline_bytes"] / scale,
+                     "phases": sorted(set(r["metrics"]["phases"]))}
+            if summary_path.exists():
+                summary = json.loads(summary_path.read_text())
+                entry["figure"] = _timeline_figure(summary, out, f"timeline_{m}",
+                                                   f"{size}, context {c}, {MODE_LABEL[m]}, {d}")
+            ctx["timeline"]["modes"].append(entry)
+    peaks_in = {}
+    for (s, c, m, d), r in sorted(by.items()):
+        if s == size and m == "train_step" and r["status"] == "ok" and r["metrics"]["peak_phase"]:
+            peaks_in.setdefault(r["metrics"]["peak_phase"], []).append(f"{c} {d}")
+    ctx["train_peak_phases"] = peaks_in
+
+    # (d) the residual stream: derived from the config, checked against the allocation sizes seen
+    rows = []
+    for (s, c, m, d), r in sorted(by.items()):
+        if s != size or r["status"] != "ok" or m != "forward":
+            continue
+        res = r["metrics"]["residual"]
+        rows.append({"context": c, "dtype": d, "derived (MiB)": r["metrics"]["residual_bytes"] / MIB,
+                     "allocations of that size": res["exact_matches"],
+                     "nearest size seen (MiB)": None if res["nearest_bytes"] is None else res["nearest_bytes"] / MIB,
+                     "made at": f"`{res['nearest_sites'][0]['site']}`" if res["nearest_sites"] else ""})
+    if rows:
+        ctx["tables"]["residual"] = save_table(pd.DataFrame(rows), out, "residual_stream", digits=2)
+        fp32 = [r for (s, c, m, d), r in sorted(by.items()) if s == size and r["status"] == "ok" and d == "fp32"]
+        ref = fp32[-1] if fp32 else ok[-1]
+        res = ref["metrics"]["residual"]
+        ctx["residual"] = {**res, "bytes": ref["metrics"]["residual_bytes"],
+                           "nearest_mib": None if res["nearest_bytes"] is None else res["nearest_bytes"] / MIB,
+                           "mib": ref["metrics"]["residual_bytes"] / MIB,
+                           "matches_all": all(row["allocations of that size"] > 0 for row in rows)}
+
+    # (e) the largest allocations of the forward pass at the longest context that ran
+    fwd = [r for (s, c, m, d), r in sorted(by.items(), key=lambda kv: (kv[0][3] != "fp32", -kv[0][1]))
+           if s == size and m == "forward" and r["status"] == "ok"]
+    if fwd:
+        r = fwd[0]
+        largest = [a for a in r["metrics"]["largest_allocations"] if a["site"] != "before recording"][:6]
+        ctx["largest"] = {"context_length": r["settings"]["context_length"], "dtype": r["settings"]["dtype"],
+                          "top_mib": largest[0]["bytes"] / MIB if largest else None,
+                          "top_site": largest[0]["site"] if largest else None,
+                          "top_code": largest[0].get("code") if largest else None}
+        rows = [{"size (MiB)": a["bytes"] / MIB, "count": a["count"], "made at": f"`{a['site'][:48]}`",
+                 "code": f"`{a['code'][:56]}`" if a.get("code") else ""} for a in largest]
+        ctx["tables"]["largest"] = save_table(pd.DataFrame(rows), out, "largest_allocations", digits=2)
+
+
+def _short(label: str, width: int = 46) -> str:
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def _timeline_figure(summary: dict, out: Path, name: str, title: str) -> str:
+    """The active-memory timeline of one snapshot summary at the report's width and font sizes:
+    memory over allocation events, stacked by allocation site, phases as a band along the top."""
+    import matplotlib
+
+    timeline = summary["timeline"]
+    scale = GIB if summary["peak_bytes"] >= GIB else MIB
+    unit = "GiB" if scale == GIB else "MiB"
+    fig, ax = figure(3.6)
+    palette = matplotlib.colormaps["tab20"]
+    colors = [palette((2 * i) % 20 + (2 * i) // 20 % 2) for i in range(len(summary["categories"]))]
+    ys = [[v / scale for v in curve] for curve in timeline["by_category"]]
+    if ys:
+        ax.stackplot(timeline["event"], ys, labels=[_short(c) for c in summary["categories"]], colors=colors,
+                     linewidth=0, step="post", zorder=2)
+    peak = summary["peak_bytes"] / scale
+    for p in summary["phases"]:
+        color = SHADES.get(p["name"], "#cccccc")
+        end = min(p["end_event"] + 1, summary["events"])
+        ax.axvspan(p["start_event"], end, ymin=0.96, ymax=1.0, color=color, lw=0, zorder=3)
+        ax.axvspan(p["start_event"], end, color=color, alpha=0.12, lw=0, zorder=0)
+    for name in dict.fromkeys(p["name"] for p in summary["phases"]):
+        ax.plot([], [], color=SHADES.get(name, "#cccccc"), lw=6, label=f"phase: {name}")
+    ax.axhline(peak, color="black", lw=0.6, ls="--")
+    ax.set_xlim(0, max(summary["events"], 1))
+    ax.set_ylim(0, peak * 1.08 if peak else 1)
+    ax.set_xlabel("allocation event (alloc or free)")
+    ax.set_ylabel(f"active memory ({unit})")
+    ax.set_title(f"{title}: peak {peak:.2f} {unit}", loc="left")
+    ax.grid(axis="x", visible=False)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles[::-1], labels[::-1], loc="outside lower center", ncol=2, frameon=False)
+    return save_figure(fig, out, name)
+
+
+# --- saved tensors, gradients (problems 5f and 6) ------------------------------------------------------
+
+def _saved(ctx: dict, out: Path, saved: list[dict]) -> None:
+    ok = [r for r in saved if r["status"] == "ok"]
+    if not ok:
+        return
+    r = max(ok, key=lambda r: (r["settings"]["dtype"] == "fp32", r["metrics"]["num_layers"],
+                               r["settings"]["context_length"]))
+    m = r["metrics"]
+    block = m["block"]
+    ctx["saved"] = {
+        "size": r["settings"]["size"], "context_length": r["settings"]["context_length"],
+        "dtype": r["settings"]["dtype"], "batch_size": m["batch_size"], "d_model": m["d_model"], "d_ff": m["d_ff"],
+        "num_heads": m["num_heads"], "num_layers": m["num_layers"],
+        "total_mib": block["total_bytes"] / MIB, "tensor_mib": block["tensor_bytes"] / MIB,
+        "saved": block["saved"], "unique": block["unique"],
+        "input_mib": block["input_bytes"] / MIB, "residual_mib": m["residual_bytes"] / MIB,
+        "per_residual": block["total_bytes"] / m["residual_bytes"],
+        "model_gib": block["total_bytes"] * m["num_layers"] / GIB,
+        "top5_share": 100 * sum(t["share"] for t in block["top"]),
+        "gradient_mib": m["gradient_bytes_per_block"] / MIB,
+        "gradient_measured_mib": m["gradient_bytes_measured"] / MIB,
+        "gradient_match": m["gradient_bytes_measured"] == m["gradient_bytes_per_block"],
+        "gradient_blocks_equal": m["gradient_bytes_blocks_equal"],
+        "parameters_per_block": m["gradient_bytes_per_block"] // 4,
+    }
+    rows = [{"op (module/function)": f"`{t['op']}`", "saved (MiB)": t["bytes"] / MIB, "share (%)": 100 * t["share"],
+             "tensors": t["tensors"]} for t in block["top"]]
+    ctx["tables"]["block_top"] = save_table(pd.DataFrame(rows), out, "block_saved_top5", digits=2)
+
+    rms = m["rmsnorm"]
+    rows = []
+    for variant in ("eager", "compiled"):
+        v = rms.get(variant)
+        if v is None:
+            continue
+        full = sum(1 for t in v["tensors"] if t["bytes"] and len(t["shape"]) == 3 and t["shape"][-1] == m["d_model"])
+        rows.append({"RMSNorm": variant, "tensors saved": v["saved"], "storages": v["unique"],
+                     "full-size storages": full, "saved (MiB)": v["total_bytes"] / MIB})
+    ctx["tables"]["rmsnorm"] = save_table(pd.DataFrame(rows), out, "rmsnorm_saved", digits=2)
+    ctx["rmsnorm"] = {"eager_mib": rms["eager"]["total_bytes"] / MIB,
+                      "compiled_mib": rms["compiled"]["total_bytes"] / MIB if rms.get("compiled") else None,
+                      "skipped": rms.get("compiled_skipped")}
+    if rms.get("compiled"):
+        ctx["rmsnorm"]["ratio"] = rms["eager"]["total_bytes"] / rms["compiled"]["total_bytes"]
+
+
+def _gradients_from_snapshot(ctx: dict, snapshots: list[dict], saved: list[dict]) -> None:
+    """Problem 5f's arithmetic on a train-step snapshot at the saved-tensor point's shape: memory
+    added by the forward (saved for backward), dropped by the backward (saved freed, gradients
+    made), and what the gradients must then be."""
+    s = ctx.get("saved")
+    if s is None:
+        return
+    match = [r for r in snapshots if r["status"] == "ok" and r["settings"]["mode"] == "train_step"
+             and r["settings"]["size"] == s["size"] and r["settings"]["context_length"] == s["context_length"]
+             and r["settings"]["dtype"] == s["dtype"] and r["metrics"].get("phase_end_bytes")]
+    if not match:
+        return
+    m = match[0]["metrics"]
+    levels = m["phase_end_bytes"]
+    if not {"start", "forward", "backward"} <= set(levels):
+        return
+    n = m["num_layers"]
+    forward_added = levels["forward"] - levels["start"]
+    backward_drop = levels["forward"] - levels["backward"]
+    gradients_total = levels["backward"] - levels["start"]
+    block_saved = s["total_mib"] * MIB
+    ctx["snapshot_gradients"] = {
+        "forward_added_gib": forward_added / GIB, "backward_drop_gib": backward_drop / GIB,
+        "gradients_total_gib": gradients_total / GIB, "parameters_gib": 4 * m["parameters"] / GIB,
+        "per_block_change_mib": backward_drop / n / MIB,
+        "gradient_per_block_mib": (block_saved - backward_drop / n) / MIB,
+        "saved_blocks_gib": n * block_saved / GIB,
+    }
+
+
+# --- checkpointing (problem 6) -------------------------------------------------------------------------
+
+def predicted_peak(n: int, k: int, block: float, boundary: float, baseline: float, gradients: float) -> float:
+    """Weights and optimizer state, plus M(k) (cs336sys.profiling.checkpointing), plus, with
+    checkpointing, every gradient: the first group is recomputed last, when nearly all gradients
+    exist. Without checkpointing the peak is at the end of the forward, before any gradient."""
+    return baseline + checkpoint_memory(n, k, block, boundary) + (gradients if k else 0)
+
+
+def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
+    sweep = sorted(sweep, key=lambda r: r["settings"]["checkpoint_blocks"])
+    ok = [r for r in sweep if r["status"] == "ok"]
+    first = sweep[0]["settings"]
+    info = {"size": first["size"], "context_length": first["context_length"], "dtype": first["dtype"],
+            "batch_size": first["batch_size"], "group_sizes": [r["settings"]["checkpoint_blocks"] for r in sweep],
+            "oom": [r["settings"]["checkpoint_blocks"] for r in sweep if r["status"] == "oom"]}
+    ctx["ckpt"] = info
+    if not ok:
+        return
+    m0 = ok[0]["metrics"]
+    n, block, boundary = m0["num_layers"], m0["block_saved_bytes"], m0["boundary_bytes"]
+    base, grads = m0["baseline_bytes"] or 0, m0["gradient_bytes"]
+    unit, scale = unit_of(max(r["metrics"]["peak_memory_bytes"] or 0 for r in ok))
+    prediction = optimal_group_size(n, block, boundary)
+    info.update(num_layers=n, block_mib=block / MIB, boundary_mib=boundary / MIB, unit=unit,
+                baseline=base / scale, gradients=grads / scale, peak_source=m0["peak_source"],
+                block_over_boundary=block / boundary,
+                k_continuous=prediction["k_continuous"], best_k_predicted=prediction["best_k"],
+                best_predicted=prediction["best_bytes"] / scale, sqrt_law=prediction["sqrt_law_bytes"] / scale,
+                no_checkpoint=prediction["no_checkpoint_bytes"] / scale)
+
+    rows = []
+    for r in sweep:
+        k = r["settings"]["checkpoint_blocks"]
+        peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
+        rows.append({"k": "none" if k == 0 else k, "groups": math.ceil(n / k) if k else None, "status": r["status"],
+                     f"peak ({unit})": None if peak is None else peak / scale,
+                     f"predicted peak ({unit})": predicted_peak(n, k, block, boundary, base, grads) / scale,
+                     f"predicted M(k) ({unit})": checkpoint_memory(n, k, block, boundary) / scale,
+                     "step (ms)": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None})
+    ctx["tables"]["checkpointing"] = save_table(pd.DataFrame(rows), out, "checkpointing_sweep", digits=2)
+
+    by_k = {r["settings"]["checkpoint_blocks"]: r for r in sweep}
+    measured = [(k, r["metrics"]["peak_memory_bytes"]) for k, r in by_k.items()
+                if r["status"] == "ok" and r["metrics"]["peak_memory_bytes"]]
+    if measured:
+        best_k, best_peak = min(measured, key=lambda t: (t[1], t[0]))
+        ks = info["group_sizes"]
+
+        def point(j: int) -> dict | None:
+            if not 0 <= j < len(ks):
+                return None
+            r = by_k[ks[j]]
+            peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
+            return {"k": ks[j], "status": r["status"], "peak": None if peak is None else peak / scale,
+                    "step_ms": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None}
+
+        i = ks.index(best_k)
+        info.update(best=point(i), smaller=point(i - 1), larger=point(i + 1),
+                    matches_prediction=best_k == prediction["best_k"],
+                    none=point(ks.index(0)) if 0 in ks else None)
+        _checkpointing_figure(ctx, out, sweep, n, block, boundary, base, grads, unit, scale)
+
+    recompute, bisection = recompute_from_input_cost(n), bisection_cost(n)
+    info["nested"] = {
+        "recompute_forwards": recompute["block_forwards"], "recompute_mib": (boundary + block) / MIB,
+        "bisection_forwards": bisection["block_forwards"], "bisection_boundaries": bisection["peak_boundaries"],
+        "bisection_mib": (bisection["peak_boundaries"] * boundary + block) / MIB,
+        "plain_forwards": n, "one_level_forwards": 2 * n, "no_checkpoint_mib": n * block / MIB,
+    }
+
+
+def _checkpointing_figure(ctx: dict, out: Path, sweep: list[dict], n: int, block: float, boundary: float,
+                          base: float, grads: float, unit: str, scale: int) -> None:
+    fig, (ax, ax_t) = figure(2.9, 1, 2)
+    ks = list(range(1, n + 1))
+    ax.plot(ks, [predicted_peak(n, k, block, boundary, base, grads) / scale for k in ks], color="#8C8C8C",
+            label="predicted")
+    ran = [r for r in sweep if r["status"] == "ok" and r["settings"]["checkpoint_blocks"]]
+    ax.plot([r["settings"]["checkpoint_blocks"] for r in ran], [r["metrics"]["peak_memory_bytes"] / scale for r in ran],
+            "o", color="#4C72B0", label="measured")
+    failed = [r["settings"]["checkpoint_blocks"] for r in sweep if r["status"] != "ok" and r["settings"]
+              ["checkpoint_blocks"]]
+    if failed:
+        top = ax.get_ylim()[1]
+        ax.plot(failed, [top] * len(failed), "x", color="#C44E52", label="out of memory")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("blocks per group k")
+    ax.set_ylabel(f"peak memory ({unit})")
+    ax.legend()
+    timed = [r for r in sweep if r["status"] == "ok"]
+    ax_t.plot([r["settings"]["checkpoint_blocks"] or 0.5 for r in timed],
+              [r["metrics"]["step_ms"]["mean_ms"] for r in timed], "o-", color="#55A868")
+    ax_t.set_xscale("log", base=2)
+    ax_t.set_xlabel("blocks per group k (none at ½)")
+    ax_t.set_ylabel("train step (ms)")
+    ctx["figures"]["checkpointing"] = save_figure(fig, out, "checkpointing_sweep")

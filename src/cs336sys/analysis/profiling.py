@@ -1,0 +1,275 @@
+"""Section: profiling a step (problem 2, nsys_profile): kernel tables from torch.profiler traces.
+
+Every answer of the problem is computed here from the kernel_profile results: (a) the forward's
+time in the profiler against the Python timer; (b) the top kernel by cumulative time in the forward
+and in forward+backward, with its calls per forward; (c) the non-matmul kernels that matter; (d) the
+matmul share from inference to a full train step; (e) softmax against the attention matmuls, in
+time and in FLOPs. Each table names the tool that made it (CUPTI kernels on a GPU, CPU ops on the
+smoke grid's CPU).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.analysis.common import (
+    SIZE_ORDER,
+    environment_summary,
+    figure,
+    read_benchmark_tsv,
+    results_frame,
+    save_figure,
+    save_table,
+)
+from cs336sys.results import read_result
+
+AGREE_PCT = 10  # the profiler's forward "matches" the Python timer within this many percent
+CLASSES = ("matmul", "softmax", "elementwise", "reduction", "copy", "indexing", "optimizer", "other")
+CLASS_COLORS = {"matmul": "#4C72B0", "softmax": "#DD8452", "elementwise": "#55A868", "reduction": "#C44E52",
+                "copy": "#8172B3", "indexing": "#937860", "optimizer": "#DA8BC3", "other": "#8C8C8C"}
+_TYPES = {"float", "double", "int", "char", "long", "unsigned", "bool", "short", "array", "Half", "BFloat16",
+          "c10", "at", "std", "ul", "const", "void", "signed", "operator", "lambda", "TensorIteratorBase",
+          "native", "detail", "OpaqueType", "int64_t", "uint32_t", "int32_t", "size_t", "true", "false"}
+
+
+def compact_name(name: str, width: int = 44) -> str:
+    """A kernel or op name short enough for a table cell: the name before its template arguments,
+    plus the first informative identifier inside them (a functor, say); cut at `width`."""
+    base, _, rest = name.partition("<")
+    label = base.strip()
+    if rest:
+        inner = next((w for w in re.findall(r"[A-Za-z_]\w*", rest) if w not in _TYPES and len(w) > 2), None)
+        if inner:
+            label = f"{label}<{inner}>"
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def _key(r: dict) -> tuple:
+    s = r["settings"]
+    size_rank = SIZE_ORDER.index(s["size"]) if s["size"] in SIZE_ORDER else len(SIZE_ORDER)
+    return size_rank, s["context_length"], s["dtype"], s["mode"]
+
+
+def _load(paths: list[Path]) -> list[dict]:
+    results = [read_result(p) for p in paths if p.suffix == ".json"]
+    return sorted((r for r in results if r["problem"] == "kernel_profile"), key=_key)
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def _shares(by_class_us: dict[str, float]) -> dict[str, float]:
+    total = sum(by_class_us.values())
+    shares = {c: 0.0 for c in CLASSES}
+    for c, us in by_class_us.items():
+        shares[c if c in shares else "other"] += 100 * us / total if total else 0.0
+    return shares
+
+
+def build(paths: list[Path], out: Path, **_: object) -> dict:
+    frame = results_frame(paths)
+    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}}
+    results = _load(paths)
+    if not results:
+        return ctx
+    ok = [r for r in results if r["status"] == "ok"]
+    ctx["not_ok"] = [f"{r['settings']['size']} ctx {r['settings']['context_length']} {r['settings']['mode']} "
+                     f"{r['settings']['dtype']}: {r['status']}" for r in results if r["status"] != "ok"]
+    timings = [p for p in paths if p.suffix == ".tsv" and p.exists()]
+    if timings:
+        ctx["machine_s"] = sum(read_benchmark_tsv(p) for p in timings)
+    if not ok:
+        return ctx
+    m0 = ok[0]["metrics"]
+    ctx["tools"] = sorted({r["metrics"]["tool"] for r in ok})
+    ctx["tool"] = ", ".join(ctx["tools"])
+    ctx["is_cuda_trace"] = all(r["metrics"]["trace_source"] == "cuda" for r in ok)
+    ctx["unit"] = "kernel" if ctx["is_cuda_trace"] else "CPU op"
+    ctx["nsys"] = sorted({r["metrics"]["nsys"] for r in ok if r["metrics"].get("nsys")})
+    ctx["sizes"] = sorted({r["settings"]["size"] for r in ok}, key=SIZE_ORDER.index)
+    ctx["context_lengths"] = sorted({r["settings"]["context_length"] for r in ok})
+    ctx["warmup"] = ok[0]["settings"]["warmup"]
+    ctx["profiled_steps"] = ok[0]["settings"]["steps"]
+    ctx["batch_size"] = m0["batch_size"]
+
+    forward = {(r["settings"]["size"], r["settings"]["context_length"], r["settings"]["dtype"]): r["metrics"]
+               for r in ok if r["settings"]["mode"] == "forward"}
+    train = {(r["settings"]["size"], r["settings"]["context_length"], r["settings"]["dtype"]): r["metrics"]
+             for r in ok if r["settings"]["mode"] == "train_step"}
+
+    _forward_time(ctx, out, forward)
+    _top_kernels(ctx, out, forward, train)
+    _classes(ctx, out, forward, train)
+    _attention(ctx, out, forward)
+    return ctx
+
+
+def _label(key: tuple) -> str:
+    size, context, dtype = key
+    return f"{size} ctx {context}" + ("" if dtype == "fp32" else f" {dtype}")
+
+
+def _forward_time(ctx: dict, out: Path, forward: dict) -> None:
+    """(a) The forward pass: profiler (kernel span, host range) against the Python timer."""
+    if not forward:
+        return
+    rows, ratios, overheads = [], [], []
+    for (size, context, dtype), m in forward.items():
+        python = m["python_ms"]["mean_ms"]
+        ratio = m["profiler_forward_ms"] / python if python else None
+        ratios.append(ratio)
+        overheads.append(m["python_profiled_ms"]["mean_ms"] / python if python else None)
+        rows.append({"size": size, "context": context, "dtype": dtype, "Python timer (ms)": python,
+                     "timer, profiled (ms)": m["python_profiled_ms"]["mean_ms"],
+                     "profiler span (ms)": m["profiler_forward_ms"],
+                     "profiler busy (ms)": m["profiler_forward_busy_ms"],
+                     "span / timer": ratio})
+    ctx["tables"]["forward_time"] = save_table(pd.DataFrame(rows), out, "forward_time", digits=2)
+    ratios = [r for r in ratios if r is not None]
+    overheads = [o for o in overheads if o is not None]
+    ctx["forward_ratio"] = {"min": min(ratios), "max": max(ratios), "median": statistics.median(ratios)}
+    ctx["agree_pct"] = AGREE_PCT
+    ctx["forward_agrees"] = max(abs(r - 1) for r in ratios) <= AGREE_PCT / 100
+    ctx["profiler_overhead"] = {"min": min(overheads), "max": max(overheads)}
+
+
+def _top_row(scope: dict | None) -> dict | None:
+    return scope["top"][0] if scope and scope["top"] else None
+
+
+def _top_kernels(ctx: dict, out: Path, forward: dict, train: dict) -> None:
+    """(b) Top kernel per forward and per forward+backward; (c) the non-matmul kernels."""
+    rows, same = [], []
+    for key, m in forward.items():
+        top_f = _top_row(m["scopes"].get("forward"))
+        if top_f is None:
+            continue
+        t = train.get(key)
+        top_fb = _top_row(t["scopes"].get("forward+backward")) if t else None
+        is_same = None if top_fb is None else top_fb["name"] == top_f["name"]
+        if is_same is not None:
+            same.append(is_same)
+        fb_cell = "n/a" if top_fb is None else "same" if is_same else f"`{compact_name(top_fb['short_name'], 30)}`"
+        rows.append({"size": key[0], "context": key[1],
+                     f"top forward {ctx['unit']}": f"`{compact_name(top_f['short_name'], 30)}`",
+                     "calls / forward": top_f["calls_per_occurrence"], "share (%)": 100 * top_f["share"],
+                     "top in forward+backward": fb_cell,
+                     "its share (%)": None if top_fb is None else 100 * top_fb["share"]})
+    if rows:
+        ctx["tables"]["top_summary"] = save_table(pd.DataFrame(rows), out, "top_kernels_summary", digits=1)
+        ctx["top_same"] = {"same": sum(same), "compared": len(same)}
+
+    # The detailed tables: the largest size at its longest context with both modes profiled.
+    both = [k for k in forward if k in train] or list(forward)
+    key = max(both, key=lambda k: (SIZE_ORDER.index(k[0]) if k[0] in SIZE_ORDER else -1, k[1]))
+    ctx["detail"] = {"label": _label(key), "size": key[0], "context_length": key[1], "dtype": key[2]}
+    fwd = forward[key]["scopes"].get("forward")
+    if fwd:
+        top = fwd["top"][0]
+        ctx["detail"].update(
+            top_forward=compact_name(top["short_name"], 60), top_forward_class=top["class"],
+            top_forward_calls=top["calls_per_occurrence"], top_forward_share=100 * top["share"],
+            num_layers=forward[key]["num_layers"],
+            top_forward_calls_per_layer=top["calls_per_occurrence"] / forward[key]["num_layers"],
+            forward_ms=fwd["device_us_per_occurrence"] / 1e3)
+        ctx["tables"]["top_forward"] = save_table(_kernel_rows(fwd["top"], "forward"), out, "top_forward", digits=2)
+        non = fwd["top_non_matmul"]
+        ctx["tables"]["non_matmul"] = save_table(_kernel_rows(non, "forward"), out, "non_matmul_forward", digits=2)
+        ctx["non_matmul"] = [{"name": compact_name(r["short_name"], 60), "class": r["class"], "share": 100 * r["share"]}
+                             for r in non[:4]]
+    fb = train[key]["scopes"].get("forward+backward") if key in train else None
+    if fb:
+        top = fb["top"][0]
+        ctx["detail"].update(top_fb=compact_name(top["short_name"], 60), top_fb_class=top["class"],
+                             top_fb_share=100 * top["share"],
+                             top_fb_same=fwd is not None and top["name"] == fwd["top"][0]["name"])
+        ctx["tables"]["top_fb"] = save_table(_kernel_rows(fb["top"], "forward+backward"), out, "top_forward_backward",
+                                             digits=2)
+
+
+def _kernel_rows(rows: list[dict], scope: str) -> pd.DataFrame:
+    per = "forward" if scope == "forward" else "step"
+    def per_occurrence_ms(r: dict) -> float:
+        occurrences = r["calls"] / r["calls_per_occurrence"] if r["calls_per_occurrence"] else 1
+        return r["total_us"] / 1e3 / occurrences
+
+    return pd.DataFrame([{"name": f"`{compact_name(r['short_name'], 44)}`", "class": r["class"],
+                          f"calls / {per}": r["calls_per_occurrence"], "mean (µs)": r["mean_us"],
+                          f"total / {per} (ms)": per_occurrence_ms(r), "share (%)": 100 * r["share"]}
+                         for r in rows])
+
+
+def _classes(ctx: dict, out: Path, forward: dict, train: dict) -> None:
+    """(d) Time by kernel class, inference against a train step; the figure of the same."""
+    rows, bars = [], []
+    share_f, share_t, optimizer_t, elementwise_f, elementwise_t = [], [], [], [], []
+    for key in sorted(set(forward) | set(train), key=lambda k: (SIZE_ORDER.index(k[0]), k[1], k[2])):
+        for mode, source, scope in (("forward", forward, "forward"), ("train step", train, "train_step")):
+            m = source.get(key)
+            if m is None or scope not in m["scopes"]:
+                continue
+            shares = _shares(m["scopes"][scope]["by_class_us"])
+            rows.append({"size": key[0], "context": key[1], "mode": mode,
+                         **{f"{c} (%)": shares[c] for c in ("matmul", "softmax", "elementwise", "reduction",
+                                                             "optimizer")},
+                         "rest (%)": shares["copy"] + shares["indexing"] + shares["other"]})
+            bars.append((f"{_label(key)}, {mode}", shares))
+            (share_f if mode == "forward" else share_t).append(shares["matmul"])
+            (elementwise_f if mode == "forward" else elementwise_t).append(shares["elementwise"])
+            if mode == "train step":
+                optimizer_t.append(shares["optimizer"])
+    if not rows:
+        return
+    ctx["tables"]["classes"] = save_table(pd.DataFrame(rows), out, "time_by_class", digits=1)
+
+    def span(values: list[float]) -> dict | None:
+        return {"min": min(values), "max": max(values), "mean": statistics.fmean(values)} if values else None
+
+    ctx["matmul_share"] = {"forward": span(share_f), "train_step": span(share_t)}
+    ctx["elementwise_share"] = {"forward": span(elementwise_f), "train_step": span(elementwise_t)}
+    ctx["optimizer_share"] = span(optimizer_t)
+    if share_f and share_t:
+        ctx["matmul_share_falls"] = statistics.fmean(share_t) < statistics.fmean(share_f)
+
+    fig, ax = figure(0.32 * len(bars) + 1.3)
+    left = [0.0] * len(bars)
+    for c in CLASSES:
+        widths = [s[c] for _, s in bars]
+        ax.barh(range(len(bars)), widths, left=left, color=CLASS_COLORS[c], label=c, height=0.7)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(f"share of {ctx['unit']} time (%)")
+    ax.grid(axis="y", visible=False)
+    fig.legend(loc="outside lower center", ncol=4, frameon=False)
+    ctx["figures"]["classes"] = save_figure(fig, out, "time_by_class")
+
+
+def _attention(ctx: dict, out: Path, forward: dict) -> None:
+    """(e) Softmax against the two attention matmuls in the forward: time and FLOPs."""
+    rows, time_ratios, flop_ratios = [], [], []
+    for key, m in forward.items():
+        a = m.get("attention")
+        if not a or not a["calls"] or not a["softmax_us"]:
+            continue
+        calls = a["calls"]
+        rows.append({"size": key[0], "context": key[1],
+                     "matmuls (µs/call)": a["matmul_us"] / calls, "softmax (µs/call)": a["softmax_us"] / calls,
+                     "time ratio": a["time_ratio"], "FLOP ratio": a["flop_ratio"],
+                     "matmul (TFLOP/s)": (a["matmul_flop_per_s"] or 0) / 1e12,
+                     "softmax (TFLOP/s)": (a["softmax_flop_per_s"] or 0) / 1e12})
+        time_ratios.append(a["time_ratio"])
+        flop_ratios.append(a["flop_ratio"])
+    if not rows:
+        return
+    ctx["tables"]["attention"] = save_table(pd.DataFrame(rows), out, "attention_softmax_matmul", digits=2)
+    ctx["attention"] = {"time_ratio_min": min(time_ratios), "time_ratio_max": max(time_ratios),
+                        "flop_ratio_min": min(flop_ratios), "flop_ratio_max": max(flop_ratios),
+                        "flop_over_time_min": min(f / t for f, t in zip(flop_ratios, time_ratios, strict=True)),
+                        "flop_over_time_max": max(f / t for f, t in zip(flop_ratios, time_ratios, strict=True))}
