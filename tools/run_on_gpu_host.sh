@@ -23,8 +23,9 @@ fi
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 echo "== $(date -u +%FT%TZ) ${gpus} GPU(s), commit ${CS336SYS_GIT_COMMIT}, limit ${limit} s: $*"
 start=$SECONDS
-timeout --signal=INT --kill-after=30 "$limit" python3 -m snakemake -c1 --resources gpu="${gpus:-1}" \
-    --keep-going --nocolor --quiet progress "$@" > snakemake.log 2>&1
+# the targets first: --quiet takes a list and would swallow them
+timeout --signal=INT --kill-after=30 "$limit" python3 -m snakemake "$@" -c1 --resources gpu="${gpus:-1}" \
+    --keep-going --nocolor --quiet progress > snakemake.log 2>&1
 status=$?
 grep -E "^(Error|error|Finished|[0-9]+ of [0-9]+ steps|Exiting|Nothing)" snakemake.log | tail -n 40
 echo "== snakemake exit ${status} after $((SECONDS - start)) s"
