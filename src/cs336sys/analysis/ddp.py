@@ -1,0 +1,301 @@
+"""Section: ddp — the all-reduce benchmark (problem 12), the DDP variants' training steps against no
+communication and PyTorch's DDP (14, 15, 17a, 19a; `ddp_steps`), the bucket overhead model and its fit
+(19b; `ddp_model`), one profiled step of naive, overlapped and bucketed DDP drawn on one time axis
+(17b), and the grid's machine time from Snakemake's timing records."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from cs336sys.analysis import ddp_steps
+from cs336sys.analysis.common import (
+    environment_summary,
+    figure,
+    log_axis,
+    read_benchmark_tsv,
+    results_frame,
+    save_figure,
+    save_table,
+)
+from cs336sys.analysis.ddp_model import fit_latency_bandwidth, formulas
+
+TARGET_SIZE_BYTES = 2**30  # the all-reduce target's size: 1 GiB per rank
+BUSBW_TARGET_FRACTION = 0.9  # ... reaching this share of the best bus bandwidth any size reaches
+GRID_TARGET_S = 600.0  # the whole DDP grid's machine time
+BACKEND_ORDER = ["nccl", "gloo"]
+TRACE_ORDER = ["naive", "flat", "overlap", "bucketed"]
+
+
+def build(paths: list[Path], out: Path, **_: object) -> dict:
+    frame = results_frame(paths)
+    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}, "model_formulas": formulas()}
+    if not frame.empty:
+        ar = allreduce(frame[frame.problem == "allreduce"], out)
+        ctx.update(ar)
+        ctx.update(ddp_steps.jobs(frame[frame.problem == "ddp_step"], out, ar.get("allreduce_fits")))
+        ctx.update(trace(frame[frame.problem == "ddp_trace"], out))
+    walls = grid_time([p for p in paths if p.suffix == ".tsv"])
+    if walls:
+        ctx["grid_time"] = walls
+    return ctx
+
+
+# --- all-reduce -------------------------------------------------------------------------------------
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def _sig(x: float) -> str:
+    """About three significant digits, never in exponent notation (milliseconds, GB/s)."""
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 1 or x <= 0:
+        return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+    return f"{x:.{2 - math.floor(math.log10(x))}f}"
+
+
+def _backend_sort(df: pd.DataFrame) -> pd.DataFrame:
+    key = df["backend"].map(lambda b: BACKEND_ORDER.index(b) if b in BACKEND_ORDER else len(BACKEND_ORDER))
+    return df.assign(_b=key).sort_values(["_b", "world_size", "size_bytes"]).drop(columns="_b")
+
+
+def allreduce(df: pd.DataFrame, out: Path) -> dict:
+    if df.empty:
+        return {}
+    df = df.copy()
+    if "backend" not in df:  # a grid whose every point failed: the backend follows from the device
+        df["backend"] = None
+    df["backend"] = df["backend"].fillna(df["device"].map({"cuda": "nccl", "cpu": "gloo"}))
+    df["world_size"] = df["world_size"].fillna(df.get("env.world_size")).astype(int)
+    df = _backend_sort(df)
+    rows = []
+    for _, r in df.iterrows():
+        row = {"backend": r["backend"], "ranks": r["world_size"], "size": human_bytes(r["size_bytes"])}
+        if r["status"] != "ok":
+            rows.append(row | {"median (ms)": r["status"]})
+            continue
+        rows.append(row | {"median (ms)": _sig(r["median_ms"]),
+                           "min–max (ms)": f"{_sig(r['min_ms'])}–{_sig(r['max_ms'])}",
+                           "calls": len(r["times_ms"]) if isinstance(r.get("times_ms"), list) else None,
+                           "algbw (GB/s)": _sig(r["algbw_gbps"]), "busbw (GB/s)": _sig(r["busbw_gbps"])})
+    ok = df[df.status == "ok"]
+    ctx: dict = {"allreduce_table": save_table(pd.DataFrame(rows), out, "allreduce", digits=3),
+                 "allreduce_busbw_factor": "2(r-1)/r"}  # no fraction in running text
+    if ok.empty:
+        return ctx
+    nominal = ok["nvlink_nominal_gbps"].dropna() if "nvlink_nominal_gbps" in ok else pd.Series(dtype=float)
+    ctx["allreduce_nominal_gbps"] = float(nominal.iloc[0]) if not nominal.empty else None
+    ctx["allreduce_calls"] = int(ok["iters"].min()) if "iters" in ok else None
+    ctx["allreduce_warmup"] = int(ok["warmup"].min()) if "warmup" in ok else None
+    ctx["allreduce_figure"] = _allreduce_figure(ok, out, ctx["allreduce_nominal_gbps"])
+    ctx["allreduce_targets"] = _busbw_targets(ok)
+    ctx["allreduce_target_values"] = {"fraction": BUSBW_TARGET_FRACTION, "size": human_bytes(TARGET_SIZE_BYTES)}
+    fits, fit_rows, facts = {}, [], []
+    for (backend, world), g in ok.groupby(["backend", "world_size"], sort=False):
+        g = g.sort_values("size_bytes")
+        o, inv_w = fit_latency_bandwidth(list(g["size_bytes"]), list(g["median_ms"] / 1e3))
+        fits[f"{backend}-{world}"] = {"o_s": o, "inv_w": inv_w}
+        fit_rows.append({"backend": backend, "ranks": int(world), "sizes": len(g), "o (µs)": o * 1e6,
+                         "w (GB/s)": 1e-9 / inv_w if inv_w > 0 else None})
+        small, large = g.iloc[0], g.iloc[-1]
+        facts.append({"backend": backend, "world": int(world), "small": human_bytes(small["size_bytes"]),
+                      "large": human_bytes(large["size_bytes"]), "small_busbw": float(small["busbw_gbps"]),
+                      "large_busbw": float(large["busbw_gbps"]), "best_busbw": float(g["busbw_gbps"].max()),
+                      "small_ms": float(small["median_ms"]), "large_ms": float(large["median_ms"]),
+                      "grows": bool(large["busbw_gbps"] > small["busbw_gbps"])})
+    ctx["allreduce_fits"] = fits
+    ctx["allreduce_fit_table"] = save_table(pd.DataFrame(fit_rows), out, "allreduce_latency_bandwidth", digits=1)
+    ctx["allreduce_facts"] = facts
+    ctx["allreduce_all_grow"] = all(f["grows"] for f in facts)
+    worlds = {b: sorted(int(w) for w in g["world_size"].unique()) for b, g in ok.groupby("backend")}
+    if "nccl" in worlds:  # the handout's rank counts NCCL could not run: one GPU per rank
+        missing = sorted(set(worlds.get("gloo", [])) - set(worlds["nccl"]))
+        ctx["allreduce_nccl_worlds"] = {"measured": worlds["nccl"], "missing": missing}
+    ctx["allreduce_compare"] = _compare_backends(ok)
+    return ctx
+
+
+def _busbw_targets(ok: pd.DataFrame) -> list[dict]:
+    """NCCL at 1 GiB against the best bus bandwidth any size reaches with the same ranks."""
+    rows = []
+    for world, g in ok[ok["backend"] == "nccl"].groupby("world_size"):
+        at = g[g["size_bytes"] == TARGET_SIZE_BYTES]
+        best = g.loc[g["busbw_gbps"].idxmax()]
+        row = {"world": int(world), "best_busbw": float(best["busbw_gbps"]),
+               "best_size": human_bytes(best["size_bytes"])}
+        if not at.empty:
+            busbw = float(at["busbw_gbps"].iloc[0])
+            row.update(busbw=busbw, fraction=busbw / row["best_busbw"],
+                       ok=bool(busbw >= BUSBW_TARGET_FRACTION * row["best_busbw"]))
+            nominal = at["nvlink_nominal_gbps"].iloc[0] if "nvlink_nominal_gbps" in at else None
+            if nominal is not None and pd.notna(nominal) and nominal > 0:
+                row.update(nominal=float(nominal), of_nominal=busbw / float(nominal))
+        rows.append(row)
+    return rows
+
+
+def _compare_backends(ok: pd.DataFrame) -> dict:
+    """NCCL against gloo at the largest size both measured with the same ranks; gloo across rank
+    counts at the largest size they all measured."""
+    out: dict = {}
+    both = ok.pivot_table(index=["world_size", "size_bytes"], columns="backend", values="busbw_gbps")
+    if {"nccl", "gloo"} <= set(both.columns):
+        both = both.dropna()
+        if not both.empty:
+            world, size = both.index[-1]
+            out["nccl_over_gloo"] = {"world": int(world), "size": human_bytes(size),
+                                     "ratio": float(both.loc[(world, size), "nccl"] / both.loc[(world, size), "gloo"])}
+    gloo = ok[ok["backend"] == "gloo"]
+    if gloo["world_size"].nunique() > 1:
+        worlds = gloo.groupby("size_bytes")["world_size"].nunique()
+        size = max(worlds[worlds == worlds.max()].index)  # the largest size every rank count measured
+        at = gloo[gloo["size_bytes"] == size].sort_values("world_size")
+        busbw = list(at["busbw_gbps"])
+        falls = all(b < a for a, b in zip(busbw, busbw[1:], strict=False))
+        out["gloo_worlds"] = {"size": human_bytes(size), "falls": falls,
+                              "points": [{"world": int(r["world_size"]), "busbw": float(r["busbw_gbps"]),
+                                          "median_ms": float(r["median_ms"])} for _, r in at.iterrows()]}
+    return out
+
+
+def _allreduce_figure(ok: pd.DataFrame, out: Path, nominal: float | None) -> str:
+    fig, (bw, tm) = figure(3.3, 1, 2)
+    for i, ((backend, world), g) in enumerate(ok.groupby(["backend", "world_size"], sort=False)):
+        g = g.sort_values("size_bytes")
+        style = dict(marker="o" if backend == "nccl" else "s", ls="-" if backend == "nccl" else "--", color=f"C{i}",
+                     label=f"{backend}, {world} ranks")
+        bw.plot(g["size_bytes"], g["busbw_gbps"], **style)
+        tm.plot(g["size_bytes"], g["median_ms"], **style)
+    if nominal:
+        bw.axhline(nominal, color="grey", ls=":", lw=1.2,
+                   label="NVLink nominal: GPU 0's links summed, one direction")
+    sizes = sorted(ok["size_bytes"].unique())
+    for ax in (bw, tm):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(sizes))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([human_bytes(s) for s in sizes], rotation=30, ha="right")
+        ax.set_xlabel("size per rank (fp32)")
+    log_axis(bw, "y")
+    log_axis(tm, "y")
+    bw.set_ylabel("bus bandwidth (GB/s)")
+    tm.set_ylabel("median time per call (ms)")
+    handles, labels = bw.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)), frameon=False)
+    return save_figure(fig, out, "allreduce_bandwidth")
+
+
+# --- one profiled step of each variant ----------------------------------------------------------------
+
+def trace(df: pd.DataFrame, out: Path) -> dict:
+    ok = df[df.status == "ok"]
+    if ok.empty:
+        return {}
+    ok = ok.assign(_v=ok["variant"].map(lambda v: TRACE_ORDER.index(v) if v in TRACE_ORDER else len(TRACE_ORDER)))
+    rows, table, summaries, titles = [], [], [], []
+    for _, r in ok.sort_values(["_v", "bucket_size_mb"]).iterrows():
+        b = ddp_steps._mb(r.get("bucket_size_mb"))
+        label = ddp_steps.variant_label(r["variant"], b)
+        t = r["totals"]
+        comm, overlapped = t["communication_us"] / 1e3, t["communication_overlapped_us"] / 1e3
+        row = {"variant": r["variant"], "label": label, "span_ms": t["span_us"] / 1e3,
+               "compute_ms": t["compute_us"] / 1e3,
+               "comm_ms": comm, "overlapped_ms": overlapped, "exposed_ms": comm - overlapped,
+               "overlapped_share": overlapped / comm if comm > 0 else None}
+        rows.append(row)
+        table.append({"variant": label, "step span (ms)": row["span_ms"], "compute (ms)": row["compute_ms"],
+                      "comm. (ms)": comm, "under compute (ms)": overlapped,
+                      "share under compute": "" if row["overlapped_share"] is None
+                      else f"{100 * row['overlapped_share']:.0f}%", "exposed comm. (ms)": row["exposed_ms"]})
+        timeline = Path(str(r["path"]).removesuffix(".json")) / "timeline.json"
+        if timeline.is_file():
+            summaries.append(json.loads(timeline.read_text()))
+            titles.append(label)
+    first = ok.iloc[0]
+    naive = next((r for r in rows if r["variant"] == "naive" and r["overlapped_share"] is not None), None)
+    others = [r for r in rows if r["variant"] != "naive" and r["overlapped_share"] is not None]
+    verdict = None
+    if naive is not None and others:
+        verdict = {"naive_share": naive["overlapped_share"],
+                   "others": [{"label": r["label"], "share": r["overlapped_share"]} for r in others],
+                   "separates": all(r["overlapped_share"] > naive["overlapped_share"] for r in others)}
+    ctx = {"trace_rows": rows, "trace_verdict": verdict,
+           "trace_table": save_table(pd.DataFrame(table), out, "ddp_trace_overlap", digits=2),
+           "trace_settings": {"size": first["size"], "dtype": first["dtype"], "tool": first.get("tool"),
+                              "context_length": int(first["context_length"]), "batch_size": int(first["batch_size"])}}
+    if summaries:
+        ctx["trace_figure"] = timeline_figure(summaries, titles, out)
+        ctx["trace_settings"]["source"] = summaries[0].get("source")
+    return ctx
+
+
+def timeline_figure(summaries: list[dict], titles: list[str], out: Path, name: str = "ddp_timeline") -> str:
+    """The summaries (`cs336sys.profiling.timeline.summarize_timeline`) stacked on one time axis, in the
+    report's figure style: a row per lane, device work coloured by category, the step's phases as
+    bands. (`render_timeline` draws the same at its own size and fonts, for looking at one trace.)"""
+    from cs336sys.profiling.annotate import PHASES
+    from cs336sys.profiling.timeline import CATEGORIES, COLORS, SHADES
+
+    heights = [0.3 * max(len(s["lanes"]), 1) + 0.5 for s in summaries]
+    fig, axes = figure(sum(heights) + 0.6, len(summaries), 1, sharex=True, squeeze=False,
+                       gridspec_kw={"height_ratios": heights})
+    for ax, s, title in zip(axes[:, 0], summaries, titles, strict=True):
+        ev = s["events"]
+        for lane in range(len(s["lanes"])):
+            for category in CATEGORIES:
+                bars = [(st / 1e3, max(d / 1e3, 1e-6)) for st, d, ln, c in
+                        zip(ev["start_us"], ev["dur_us"], ev["lane"], ev["category"], strict=True)
+                        if ln == lane and c == category]
+                if bars:
+                    ax.broken_barh(bars, (lane - 0.38, 0.76), facecolors=COLORS[category], linewidth=0, zorder=3)
+        for r in s["ranges"]:
+            if r["name"] in PHASES:
+                start, dur = ((r["device_start_us"], r["device_dur_us"]) if r["device_start_us"] is not None
+                              else (r["host_start_us"], r["host_dur_us"]))
+                ax.axvspan(start / 1e3, (start + dur) / 1e3, color=SHADES.get(r["name"], "#dddddd"), alpha=0.35,
+                           lw=0, zorder=1)
+        ax.set_yticks(range(len(s["lanes"])), [lane["label"] for lane in s["lanes"]])
+        ax.set_ylim(len(s["lanes"]) - 0.5, -0.5)
+        ax.grid(False)
+        t = s["totals"]
+        ax.set_title(f"{title}: communication {t['communication_us'] / 1e3:.1f} ms, "
+                     f"{t['communication_overlapped_us'] / 1e3:.1f} ms of it under compute", loc="left")
+    axes[-1, 0].set_xlabel("time from the step's start (ms)")
+    present = {c for s in summaries for c in s["events"]["category"]}
+    handles = [Patch(color=COLORS[c], label=c) for c in CATEGORIES if c in present]
+    handles += [Patch(color=SHADES.get(n, "#dddddd"), alpha=0.35, label=n.replace("_", " ")) for n in PHASES
+                if any(r["name"] == n for s in summaries for r in s["ranges"])]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), frameon=False)
+    return save_figure(fig, out, name)
+
+
+# --- machine time ---------------------------------------------------------------------------------------
+
+def grid_time(tsvs: list[Path]) -> dict | None:
+    """Wall time of every job of the section's experiments (benchmarks/<experiment>/<job>.tsv, or
+    benchmarks/<experiment>.tsv for an experiment with one job)."""
+    if not tsvs:
+        return None
+    by: dict[str, dict] = {}
+    for p in sorted(tsvs):
+        experiment = p.stem if p.parent.name == "benchmarks" else p.parent.name
+        e = by.setdefault(experiment, {"experiment": experiment, "jobs": 0, "wall_s": 0.0, "cpu_only_s": 0.0})
+        wall = read_benchmark_tsv(p)
+        e["jobs"] += 1
+        e["wall_s"] += wall
+        if p.stem.startswith("gloo-"):  # gloo all-reduce jobs use the host's CPUs only
+            e["cpu_only_s"] += wall
+    total = sum(e["wall_s"] for e in by.values())
+    return {"experiments": list(by.values()), "total_s": total, "jobs": sum(e["jobs"] for e in by.values()),
+            "cpu_only_s": sum(e["cpu_only_s"] for e in by.values()), "target_s": GRID_TARGET_S,
+            "ok": bool(total <= GRID_TARGET_S), "total_min": total / 60, "target_min": GRID_TARGET_S / 60}

@@ -1,0 +1,361 @@
+"""The DDP step benchmarks of the ddp section (problems 14, 15, 17a, 19): per (size, dtype) job, every
+variant against the no-communication step and PyTorch's DDP of the same job, the targets, the bucket
+sweep's figure and the overhead model fitted to it (`cs336sys.analysis.ddp_model`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
+from cs336sys.analysis.ddp_model import Fit, exposed_time, fit_bucket_model, optimal_bucket_bytes
+from cs336sys.sizes import SIZES
+
+MIB = 2**20
+# PyTorch's DistributedDataParallel bucket_cap_mb default (cs336sys.distributed.experiments
+# TORCH_DDP_DEFAULT_BUCKET_MB; a test checks they agree): the reference of the targets.
+TORCH_DDP_DEFAULT_MB = 25.0
+TARGETS = {"bucketed_vs_torch": 1.02, "overlap_vs_torch": 1.10}
+FIT_R2_GOOD = 0.9  # below this (or with no spare degree of freedom) the report calls the fit poor
+VARIANT_ORDER = ["none", "naive", "flat", "overlap", "bucketed", "torch_ddp"]
+DTYPE_ORDER = ["fp32", "bf16"]
+LINE_STYLE = {"none": ("black", ":"), "naive": ("C3", "--"), "flat": ("C2", "--"), "overlap": ("C4", "-."),
+              "torch_ddp": ("C1", "-")}
+
+
+def _mb(value) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def variant_key(variant: str, bucket_mb: float | None) -> str:
+    """The result file's stem: naive, bucketed-10MB, torch_ddp-25MB (torch_ddp without a size is its default)."""
+    if variant == "torch_ddp" and bucket_mb is None:
+        bucket_mb = TORCH_DDP_DEFAULT_MB
+    return variant + (f"-{bucket_mb:g}MB" if bucket_mb is not None else "")
+
+
+def variant_label(variant: str, bucket_mb: float | None) -> str:
+    if variant == "none":
+        return "none (no communication)"
+    if variant == "bucketed":
+        return f"bucketed, {bucket_mb:g} MiB"
+    if variant == "torch_ddp":
+        b = TORCH_DDP_DEFAULT_MB if bucket_mb is None else bucket_mb
+        return f"PyTorch DDP, {b:g} MiB" + (" (default)" if b == TORCH_DDP_DEFAULT_MB else "")
+    return variant
+
+
+def _ratio(a: dict, b: dict | None) -> tuple[float | None, float | None]:
+    """a's mean step over b's, and the ratio's standard error from both means' standard errors."""
+    if b is None or a.get("mean_ms") is None or b.get("mean_ms") is None:
+        return None, None
+    r = a["mean_ms"] / b["mean_ms"]
+    rel = [(x["std_ms"] / x["mean_ms"]) ** 2 / max(x["steps"], 1) for x in (a, b) if x["mean_ms"] > 0]
+    return r, r * math.sqrt(sum(rel))
+
+
+def _point(row: pd.Series) -> dict:
+    b = _mb(row.get("bucket_size_mb"))
+    p = {"variant": row["variant"], "bucket_mb": b, "key": variant_key(row["variant"], b),
+         "label": variant_label(row["variant"], b), "status": row["status"]}
+    if row["status"] != "ok":
+        return p
+    steps = row.get("step_ms")
+    calls, in_bwd = row.get("all_reduces_per_step"), row.get("launched_in_backward")
+    p.update(mean_ms=float(row["mean_ms"]), std_ms=float(row["std_ms"]),
+             steps=len(steps) if isinstance(steps, list) else 1,
+             sync_wait_ms=float(row["sync_wait_ms"]) if pd.notna(row.get("sync_wait_ms")) else None,
+             all_reduces=int(calls) if pd.notna(calls) else None,
+             in_backward=int(in_bwd) if pd.notna(in_bwd) else None)
+    return p
+
+
+def jobs(df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> dict:
+    """Context of every (size, dtype) job, their figure and the targets' thresholds."""
+    if df.empty:
+        return {}
+    df = df.assign(_size=df["size"].map(lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER)),
+                   _dtype=df["dtype"].map(lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER)))
+    result = []
+    for (_, _, size, dtype), g in df.groupby(["_size", "_dtype", "size", "dtype"], sort=True):
+        ok = g[g.status == "ok"]
+        world = int(ok["world_size"].iloc[0]) if not ok.empty and "world_size" in ok else None
+        backend = next((b for b in g.get("env.backend", pd.Series(dtype=object)).dropna()),
+                       {"cuda": "nccl", "cpu": "gloo"}.get(g["device"].iloc[0]))
+        fits = (allreduce_fits or {}).get(f"{backend}-{world}")
+        result.append(job(g, size, dtype, out, fits) | {"backend": backend})
+    short = [f"{j['size']}, {j['dtype']}" for j in result
+             if j["answers"].get("buckets", {}).get("as_expected") is False]
+    return {"ddp_jobs": result, "ddp_figure": _sweep_figure(result, out), "ddp_bucketing_short": short,
+            "ddp_targets": TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}}
+
+
+def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict | None = None) -> dict:
+    points = [_point(r) for _, r in g.iterrows()]
+    points.sort(key=lambda p: (VARIANT_ORDER.index(p["variant"]) if p["variant"] in VARIANT_ORDER else 99,
+                               p["bucket_mb"] or 0.0))
+    by = {p["key"]: p for p in points if p["status"] == "ok"}
+    none = by.get("none")
+    default = by.get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB))
+    for p in points:
+        if p["status"] != "ok":
+            continue
+        p["vs_default"], p["vs_default_se"] = _ratio(p, default) if p["variant"] != "torch_ddp" else (None, None)
+        matched = by.get(variant_key("torch_ddp", p["bucket_mb"])) if p["variant"] == "bucketed" else None
+        p["vs_matched"], p["vs_matched_se"] = _ratio(p, matched)
+        if none is not None and p["variant"] != "none":
+            p["comm_ms"] = p["mean_ms"] - none["mean_ms"]
+            p["comm_share"] = p["comm_ms"] / p["mean_ms"]
+    ok = g[g.status == "ok"]
+    first = ok.iloc[0] if not ok.empty else None
+    edition = SIZES[size].edition if size in SIZES else None  # which handout names the size, and how
+    ctx = {"size": size, "dtype": dtype, "name": f"{size}-{dtype}", "edition": edition,
+           "variants": {p["key"]: p for p in points},
+           "order": [p["key"] for p in points],
+           "world_size": int(first["world_size"]) if first is not None else None,
+           "grad_bytes": int(first["grad_bytes"]) if first is not None else None,
+           "parameters": int(first["parameters"]) if first is not None else None,
+           "context_length": int(g["context_length"].iloc[0]), "batch_size": int(g["batch_size"].iloc[0]),
+           "steps": int(g["steps"].iloc[0]), "warmup": int(g["warmup"].iloc[0])}
+    if ctx["grad_bytes"]:
+        ctx["grad_gib"] = ctx["grad_bytes"] / 2**30
+    ctx["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}", digits=2)
+    ctx["targets"] = targets(by)
+    ctx["answers"] = answers(by)
+    flat = ctx["answers"].get("flat")
+    if flat and allreduce_fit and flat["naive_calls"] and flat["flat_calls"]:
+        # what the all-reduce benchmark's fixed cost per call predicts batching saves
+        flat["predicted_saving_ms"] = (flat["naive_calls"] - flat["flat_calls"]) * allreduce_fit["o_s"] * 1e3
+    if ctx["grad_bytes"]:
+        model = bucket_model(by, ctx["grad_bytes"], allreduce_fit)
+        if model:
+            model["table"] = save_table(model.pop("frame"), out, f"ddp_bucket_model_{size}_{dtype}", digits=2)
+            ctx["model"] = model
+    return ctx
+
+
+def _cell(p: dict, key: str, digits: int = 2, pct: bool = False) -> str:
+    v = p.get(key)
+    if v is None:
+        return ""
+    return f"{100 * v:.0f}%" if pct else f"{v:.{digits}f}"
+
+
+def _table(points: list[dict]) -> pd.DataFrame:
+    rows = []
+    for p in points:
+        if p["status"] != "ok":
+            rows.append({"variant": p["label"], "step (ms)": p["status"]})
+            continue
+        calls = "" if p.get("all_reduces") is None else (
+            f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
+        rows.append({"variant": p["label"], "step (ms)": f"{p['mean_ms']:.1f} ± {p['std_ms']:.1f}",
+                     "× DDP default": _cell(p, "vs_default", 3), "× DDP same size": _cell(p, "vs_matched", 3),
+                     "comm. (ms)": _cell(p, "comm_ms", 1), "comm. share": _cell(p, "comm_share", pct=True),
+                     "wait (ms)": _cell(p, "sync_wait_ms", 1), "all-reduces (in bwd)": calls})
+    return pd.DataFrame(rows)
+
+
+def targets(by: dict) -> dict:
+    """Bucketed at its best bucket size against PyTorch's DDP (default 25 MiB; and at the same
+    bucket size where measured), overlap against the default; naive and flat shown against it."""
+    default = by.get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB))
+    torch_points = [p for p in by.values() if p["variant"] == "torch_ddp"]
+    best_torch = min(torch_points, key=lambda p: p["mean_ms"]) if torch_points else None
+    t: dict = {"has_default": default is not None}
+    if default is not None:
+        t["default_ms"] = default["mean_ms"]
+    if best_torch is not None:
+        t["best_torch"] = {"bucket_mb": best_torch["bucket_mb"] or TORCH_DDP_DEFAULT_MB,
+                           "mean_ms": best_torch["mean_ms"]}
+    bucketed = [p for p in by.values() if p["variant"] == "bucketed"]
+    if bucketed:
+        best = min(bucketed, key=lambda p: p["mean_ms"])
+        t["bucketed"] = {"bucket_mb": best["bucket_mb"], "mean_ms": best["mean_ms"], "key": best["key"]}
+        if default is not None:
+            r, se = _ratio(best, default)
+            t["bucketed"].update(ratio=r, se=se, ok=bool(r <= TARGETS["bucketed_vs_torch"]))
+        if best.get("vs_matched") is not None:
+            t["bucketed"].update(matched_ratio=best["vs_matched"], matched_se=best["vs_matched_se"],
+                                 matched_ok=bool(best["vs_matched"] <= TARGETS["bucketed_vs_torch"]))
+        if best_torch is not None:
+            t["bucketed"]["vs_best_torch"] = best["mean_ms"] / best_torch["mean_ms"]
+    for name, limit in (("overlap", TARGETS["overlap_vs_torch"]), ("naive", None), ("flat", None)):
+        p = by.get(name)
+        if p is None or default is None:
+            continue
+        r, se = _ratio(p, default)
+        t[name] = {"ratio": r, "se": se, "mean_ms": p["mean_ms"]}
+        if limit is not None:
+            t[name]["ok"] = bool(r <= limit)
+    return t
+
+
+def answers(by: dict) -> dict:
+    """The handouts' questions, from this job's numbers."""
+    a: dict = {}
+    naive, flat, overlap, none = (by.get(k) for k in ("naive", "flat", "overlap", "none"))
+    if naive and none:
+        a["naive"] = {k: naive[k] for k in ("mean_ms", "comm_ms", "comm_share")} | {
+            "wait_ms": naive.get("sync_wait_ms"), "calls": naive.get("all_reduces"), "none_ms": none["mean_ms"]}
+    if naive and flat:
+        a["flat"] = {"mean_ms": flat["mean_ms"], "naive_over_flat": naive["mean_ms"] / flat["mean_ms"],
+                     "saved_ms": naive["mean_ms"] - flat["mean_ms"], "comm_ms": flat.get("comm_ms"),
+                     "comm_share": flat.get("comm_share"), "wait_ms": flat.get("sync_wait_ms"),
+                     "naive_calls": naive.get("all_reduces"), "flat_calls": flat.get("all_reduces"),
+                     "faster": flat["mean_ms"] < naive["mean_ms"]}
+    if overlap and (naive or flat):
+        a["overlap"] = {"mean_ms": overlap["mean_ms"], "wait_ms": overlap.get("sync_wait_ms"),
+                        "comm_ms": overlap.get("comm_ms"), "calls": overlap.get("all_reduces"),
+                        "in_backward": overlap.get("in_backward")}
+        for name, other in (("naive", naive), ("flat", flat)):
+            if other:
+                a["overlap"][f"over_{name}"] = overlap["mean_ms"] / other["mean_ms"]
+                a["overlap"][f"faster_than_{name}"] = overlap["mean_ms"] < other["mean_ms"]
+    bucketed = sorted((p for p in by.values() if p["variant"] == "bucketed"), key=lambda p: p["bucket_mb"])
+    if bucketed:
+        means = [p["mean_ms"] for p in bucketed]
+        best = min(range(len(means)), key=means.__getitem__)
+        diffs = [b - a_ for a_, b in zip(means, means[1:], strict=False)]
+        shape = ("single" if len(means) == 1 else "falling" if all(d < 0 for d in diffs)
+                 else "rising" if all(d > 0 for d in diffs) else "valley" if 0 < best < len(means) - 1 else "mixed")
+        a["buckets"] = {"points": [{"bucket_mb": p["bucket_mb"], "mean_ms": p["mean_ms"],
+                                    "wait_ms": p.get("sync_wait_ms"), "calls": p.get("all_reduces")} for p in bucketed],
+                        "best_mb": bucketed[best]["bucket_mb"], "best_ms": means[best], "shape": shape,
+                        "spread": max(means) / min(means)}
+        if overlap:
+            a["buckets"]["best_over_overlap"] = means[best] / overlap["mean_ms"]
+        if flat:
+            a["buckets"]["best_over_flat"] = means[best] / flat["mean_ms"]
+        # the expectation: bucketing, overlapped like overlap and with few calls like flat, beats both
+        rivals = [p["mean_ms"] for p in (overlap, flat) if p]
+        if rivals:
+            a["buckets"]["as_expected"] = bool(means[best] <= min(rivals))
+    return a
+
+
+def bucket_model(by: dict, grad_bytes: int, allreduce_fit: dict | None) -> dict | None:
+    """Fit T = n_b·o + (s/n_b)/w to the bucketed sweep, twice: to the step's excess over `none` (what
+    communication costs the step) and to the wait after the backward (the time the model describes);
+    predicted best bucket sizes against the measured best."""
+    none = by.get("none")
+    pts = sorted((p for p in by.values() if p["variant"] == "bucketed"), key=lambda p: p["bucket_mb"])
+    if none is None or len(pts) < 2:
+        return None
+    s = float(grad_bytes)
+    n_b = [p["all_reduces"] if p.get("all_reduces") else max(1, math.ceil(s / (p["bucket_mb"] * MIB))) for p in pts]
+    # one all-reduce per gradient tensor (naive, overlap): the most buckets there can be
+    n_max = max([n for n in (by.get(k, {}).get("all_reduces") for k in ("naive", "overlap")) if n] + n_b)
+    measured_best = min(pts, key=lambda p: p["mean_ms"])["bucket_mb"]
+    frame = pd.DataFrame({"bucket (MiB)": [f"{p['bucket_mb']:g}" for p in pts], "all-reduces": n_b})
+    fits = {}
+    series = {"step": [(p["mean_ms"] - none["mean_ms"]) / 1e3 for p in pts]}
+    if all(p.get("sync_wait_ms") is not None for p in pts):
+        series["wait"] = [p["sync_wait_ms"] / 1e3 for p in pts]
+    for name, y in series.items():
+        f = fit_bucket_model(n_b, s, y)
+        fits[name] = _describe_fit(f, s, n_max, pts, measured_best)
+        head = "Δ step" if name == "step" else "wait"
+        frame[f"{head} (ms)"] = [v * 1e3 for v in y]
+        frame[f"{head} fit (ms)"] = [v * 1e3 for v in f.predicted_s]
+        frame[f"{head} resid. (ms)"] = fits[name]["residuals_ms"]
+    model = {"grad_bytes": grad_bytes, "points": len(pts), "measured_best_mb": measured_best, "fits": fits,
+             "n_max": n_max, "smallest_bucket_mb": s / n_max / MIB,
+             "frame": frame}
+    if allreduce_fit is not None:
+        # inv_w 0: the sweep's times did not grow with size. Without an optimum, no bandwidth term
+        # makes one bucket best, no fixed cost one all-reduce per tensor.
+        inv_w = allreduce_fit.get("inv_w", 0.0)
+        b = optimal_bucket_bytes(s, allreduce_fit["o_s"], 1 / inv_w if inv_w > 0 else math.inf)
+        has_optimum = math.isfinite(b) and b > 0
+        model["from_allreduce"] = {"o_us": allreduce_fit["o_s"] * 1e6, "w_gbps": 1e-9 / inv_w if inv_w > 0 else None,
+                                   "b_star_mb": b / MIB if has_optimum else None,
+                                   "nearest_measured_mb": _nearest(pts, b) if has_optimum else None,
+                                   "best_without_optimum": None if has_optimum else
+                                   ("one bucket" if b == math.inf else "one all-reduce per tensor")}
+    return model
+
+
+def _zero(x: float) -> float:
+    """Rounding noise of an exact fit prints as 0.00, not -0.00."""
+    return 0.0 if abs(x) < 1e-9 else x
+
+
+def _nearest(pts: list[dict], b_bytes: float) -> float | None:
+    if not math.isfinite(b_bytes) or b_bytes <= 0:
+        return None
+    return min(pts, key=lambda p: abs(math.log(p["bucket_mb"] * MIB / b_bytes)))["bucket_mb"]
+
+
+def _describe_fit(f: Fit, s: float, n_max: int, pts: list[dict], measured_best: float) -> dict:
+    d = f.as_dict()
+    b = optimal_bucket_bytes(s, f.o_s, f.w_bytes_per_s)
+    d["b_star_mb"] = b / MIB if math.isfinite(b) and b > 0 else None
+    d["b_star_unbounded"] = not math.isfinite(b) or b <= 0  # o = 0 or 1/w = 0: no interior optimum
+    d["b_star_is_all"] = bool(math.isfinite(b) and b >= s)  # one bucket: as flat, but launched in backward
+    d["b_star_below_tensor"] = bool(0 < b < s / n_max)  # finer than the tensors: one all-reduce per tensor
+    pred = f.predicted_s
+    d["predicted_best_mb"] = pts[min(range(len(pts)), key=pred.__getitem__)]["bucket_mb"]
+    d["agrees"] = d["predicted_best_mb"] == measured_best
+    d["max_abs_residual_ms"] = max(abs(r) for r in f.residuals_s) * 1e3
+    d["good"] = bool(f.dof > 0 and f.r2 is not None and f.r2 >= FIT_R2_GOOD)
+    d["residuals_ms"] = [_zero(r * 1e3) for r in f.residuals_s]
+    d["predicted_ms"] = [v * 1e3 for v in f.predicted_s]
+    return d
+
+
+def _sweep_figure(result: list[dict], out: Path) -> str | None:
+    panels = [j for j in result
+              if any(p["variant"] == "bucketed" and p["status"] == "ok" for p in j["variants"].values())]
+    if not panels:
+        return None
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = figure(0.7 + 2.5 * nrows, nrows, ncols, squeeze=False)
+    for ax, j in zip(axes.flat, panels, strict=False):
+        ok = [p for p in j["variants"].values() if p["status"] == "ok"]
+        bucketed = sorted((p for p in ok if p["variant"] == "bucketed"), key=lambda p: p["bucket_mb"])
+        xs = [p["bucket_mb"] for p in bucketed]
+        ax.errorbar(xs, [p["mean_ms"] for p in bucketed], yerr=[p["std_ms"] for p in bucketed], marker="o",
+                    color="C0", capsize=2, label="bucketed (ours)", zorder=4)
+        torch_pts = sorted((p for p in ok if p["variant"] == "torch_ddp"), key=lambda p: p["bucket_mb"] or 0)
+        if torch_pts:
+            ax.plot([p["bucket_mb"] or TORCH_DDP_DEFAULT_MB for p in torch_pts], [p["mean_ms"] for p in torch_pts],
+                    marker="s", ls="none", color=LINE_STYLE["torch_ddp"][0], label="PyTorch DDP at its bucket size",
+                    zorder=5)
+        for p in ok:
+            if p["variant"] in ("none", "naive", "flat", "overlap") or p["key"] == variant_key("torch_ddp", None):
+                color, ls = LINE_STYLE[p["variant"]]
+                label = "PyTorch DDP, default" if p["variant"] == "torch_ddp" else p["label"]
+                ax.axhline(p["mean_ms"], color=color, ls=ls, lw=1.1, label=label)
+        model, none = j.get("model"), j["variants"].get("none")
+        if model and none and none["status"] == "ok":
+            f = model["fits"]["step"]
+            grid = [xs[0] * (xs[-1] / xs[0]) ** (i / 60) for i in range(61)]
+            w = 1 / f["inv_w"] if f["inv_w"] > 0 else math.inf
+            ax.plot(grid, [none["mean_ms"] + 1e3 * exposed_time(j["grad_bytes"], b * MIB, f["o_s"], w, model["n_max"])
+                           for b in grid], color="C0", ls=":", lw=1.0, label=r"model fit: none + $n\,o + s/(n\,w)$")
+            ax.plot(xs, [none["mean_ms"] + v for v in f["predicted_ms"]], ls="none", marker="x", color="C0",
+                    label=r"model at the measured $n$", zorder=5)
+        log_axis(ax, "x")
+        # ticks at the measured bucket sizes only (1-2-5 ticks crowd at a half-width panel's right end)
+        ticks = sorted(set(xs) | {p["bucket_mb"] or TORCH_DDP_DEFAULT_MB for p in torch_pts})
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("bucket size (MiB)")
+        ax.set_ylabel("step (ms)")
+        ax.set_title(f"{j['size']}, {j['dtype']}, {j['world_size']} ranks")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    handles: dict = {}
+    for ax in axes.flat[:len(panels)]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    first = ["bucketed (ours)", "model fit", "model at", "PyTorch DDP at", "PyTorch DDP, default", "overlap", "flat",
+             "naive", "none"]
+    labels = sorted(handles, key=lambda lab: next((i for i, f in enumerate(first) if lab.startswith(f)), len(first)))
+    fig.legend([handles[lab] for lab in labels], labels, loc="outside lower center", ncol=3, frameon=False)
+    return save_figure(fig, out, "ddp_step_vs_bucket")
