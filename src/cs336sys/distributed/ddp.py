@@ -20,7 +20,7 @@ import math
 import torch.distributed as dist
 from torch import nn
 
-from cs336sys.distributed.ddp_base import MIB, DDPBase
+from cs336sys.distributed.ddp_base import MIB, DDPBase, weak_hook
 
 
 class NaiveDDP(DDPBase):
@@ -54,7 +54,8 @@ class _OverlappingDDP(DDPBase):
         super().__init__(module, bucket_cap_bytes)
         self._reset_step()
         if dist.is_initialized():
-            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_gradient_ready, i))
+            on_ready = weak_hook(self._on_gradient_ready)
+            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(on_ready, i))
                            for i, p in enumerate(self._params)]
 
     def _on_gradient_ready(self, index: int, param: nn.Parameter) -> None:

@@ -54,6 +54,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from cs336sys.distributed import process_group
+from cs336sys.distributed.ddp_base import weak_hook
 from cs336sys.distributed.fsdp_layer import ShardedLayer, is_shardable_layer
 
 MAX_REDUCTIONS_IN_FLIGHT = 2
@@ -104,7 +105,7 @@ class FSDP(nn.Module):
         self.replicated = [p for p in module.parameters() if all(p is not layer.shard for layer in self.layers)]
         for p in self.replicated:
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(self._all_reduce_grad)
+                p.register_post_accumulate_grad_hook(weak_hook(self._all_reduce_grad))
         self._all_reductions: list[tuple[Tensor, Any]] = []
 
         self._expected_forward = list(range(len(self.layers)))  # layer indices, in call order
