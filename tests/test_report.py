@@ -46,3 +46,11 @@ def test_unknown_section_directory_is_an_error(tmp_path):
     (d / "context.json").write_text("{}")
     with pytest.raises(ValueError, match="not sections of cs336sys.registry"):
         render_markdown([d], TEMPLATES, tmp_path / "report.md")
+
+
+def test_coverage_counts_an_experiment_read_by_two_sections_once():
+    rows = coverage({"ddp": {"result_counts": {"allreduce": 4, "ddp_step": 9}},
+                     "accounting": {"result_counts": {"allreduce": 4, "ddp_step": 9}}})
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["distributed_communication_single_node"]["points"] == 4
+    assert by_name["naive_ddp"]["points"] == 9

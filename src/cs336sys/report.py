@@ -32,17 +32,24 @@ def _num(value, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _built(context: dict | None) -> bool:
+    """A section's context holds what it computed (beyond its environment and result counts)."""
+    return bool(context) and any(v for k, v in context.items() if k not in ("env", "result_counts"))
+
+
 def coverage(contexts: dict[str, dict]) -> list[dict]:
     """One row per assignment problem: where its results are, or that there are none yet."""
     counts: dict[str, int] = {}
     for ctx in contexts.values():
+        # sections that read the same experiment (ddp and accounting both read the all-reduce
+        # results) count the same files: the most any section read, not the sum
         for problem, n in ctx.get("result_counts", {}).items():
-            counts[problem] = counts.get(problem, 0) + n
+            counts[problem] = max(counts.get(problem, 0), n)
     rows = []
     for p in PROBLEMS:
         n = sum(counts.get(r, 0) for r in p.experiments)
         rows.append({"number": p.number, "name": p.name, "edition": p.edition, "section": p.section,
-                     "points": n, "has_results": n > 0 or (p.derived and p.section in contexts),
+                     "points": n, "has_results": n > 0 or (p.derived and _built(contexts.get(p.section))),
                      "derived": p.derived})
     return rows
 
