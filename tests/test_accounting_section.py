@@ -58,7 +58,7 @@ def test_section_with_synthetic_results_fills_the_measured_column(fast_section, 
 
 
 def test_template_renders_with_an_empty_context():
-    assert "has not been built yet" in _render({})
+    assert "No results yet for this section: it has not been built" in _render({})
 
 
 def test_rendered_section_converts_to_typst_and_compiles(fast_section, tmp_path):
