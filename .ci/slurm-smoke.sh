@@ -76,9 +76,12 @@ import sys
 
 text = open(sys.argv[1]).read()
 jobs = {}  # Snakemake job id -> (rule, local?)
+gpus = {}  # Snakemake job id -> the GPUs its rule declares (resources: gpu=N)
 for kind, rule, body in re.findall(r"^(localrule|rule) (\S+):\n((?:[ \t]+\S.*\n)+)", text, re.M):
     jobid = re.search(r"^\s+jobid: (\d+)$", body, re.M)
     jobs[jobid.group(1)] = (rule, kind == "localrule")
+    gpu = re.search(r"^\s+resources:.*\bgpu=(\d+)", body, re.M)
+    gpus[jobid.group(1)] = int(gpu.group(1)) if gpu else 0
 submitted = dict(re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", text))
 
 problems = []
@@ -92,9 +95,13 @@ for j in sorted(submitted.keys() & {j for j, (_, local) in jobs.items() if local
 for j, slurm_id in sorted(submitted.items(), key=lambda kv: int(kv[0])):
     info = subprocess.run(["scontrol", "show", "job", slurm_id], capture_output=True, text=True,
                           timeout=10).stdout
-    if "JobState=COMPLETED" not in info or not re.search(r"TresPerJob=\S*gpu", info):
-        problems.append(f"Slurm job {slurm_id} (job {j}, {jobs.get(j, ('?',))[0]}) did not complete "
-                        f"with a GPU: {' '.join(info.split()[:40])}")
+    # A rule with gpu=N > 0 must reach Slurm as a GPU request; a CPU-only experiment (gloo, gpu=0)
+    # must not hold a GPU it does not use.
+    with_gpu = bool(re.search(r"TresPerJob=\S*gpu", info))
+    wanted = gpus.get(j, 0) > 0
+    if "JobState=COMPLETED" not in info or with_gpu != wanted:
+        problems.append(f"Slurm job {slurm_id} (job {j}, {jobs.get(j, ('?',))[0]}, gpu={gpus.get(j, 0)}) did not "
+                        f"complete {'with' if wanted else 'without'} a GPU: {' '.join(info.split()[:40])}")
 report = "smoke/writeup/report.pdf"
 if not os.path.exists(report) or os.path.getmtime(report) < int(sys.argv[2]):
     problems.append(f"{report} was not rebuilt")

@@ -511,3 +511,29 @@ def test_section_command_writes_the_context(tmp_path):
     ctx = json.loads((out / "context.json").read_text())
     assert ctx["result_counts"] == {"allreduce": 16, "ddp_step": 20, "ddp_trace": 3}
     shutil.rmtree(out)
+
+
+def test_gloo_points_from_a_cpu_host_get_their_own_environment_line(tmp_path):
+    """gloo needs no GPU: its points may come from a CPU-only host. The section's environment line
+    then describes the GPU points, and the gloo points get a line with the host's cores."""
+    sizes = [2**20, 2**30]
+    _allreduce(tmp_path, "nccl", 2, sizes, 2.5e-5, 3.3e11, H200_ENV, nominal=477.0)
+    cores = random.randint(2, 3)
+    for world in (2, 4, 6):
+        _allreduce(tmp_path, "gloo", world, sizes, 3e-4, 4e9 / world,
+                   {"gpu": None, "gpus": [], "cpu": "x86_64", "cpu_count": cores, "device": "cpu"})
+    ctx, _ = build(tmp_path, inputs(tmp_path))
+    assert ctx["env"]["is_gpu"] and ctx["env"]["points"] == len(sizes)
+    g = ctx["gloo_env"]
+    assert g["points"] == 3 * len(sizes) and g["cores"] == [cores] and g["max_world"] == 6 and g["oversubscribed"]
+    assert g["device"] == "CPU (x86_64)" and g["host_gpus"] is None
+    text = render(ctx, tmp_path / "report")
+    assert f"were measured on CPU (x86_64) with {cores} cores" in text and "take turns on the cores" in text
+
+
+def test_gloo_points_from_the_gpu_host_name_that_host(gpu_section):
+    root, ctx, _ = gpu_section
+    g = ctx["gloo_env"]
+    results = [p for p in inputs(root) if p.suffix == ".json"]
+    assert g["host_gpus"] == "NVIDIA H200" and g["points"] == 3 * 4
+    assert ctx["env"]["points"] == len(results) - g["points"]

@@ -35,6 +35,7 @@ TRACE_ORDER = ["naive", "flat", "overlap", "bucketed"]
 def build(paths: list[Path], out: Path, **_: object) -> dict:
     frame = results_frame(paths)
     ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}, "model_formulas": formulas()}
+    ctx.update(gloo_environment(frame))
     if not frame.empty:
         ar = allreduce(frame[frame.problem == "allreduce"], out)
         ctx.update(ar)
@@ -44,6 +45,27 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     if walls:
         ctx["grid_time"] = walls
     return ctx
+
+
+def gloo_environment(frame: pd.DataFrame) -> dict:
+    """gloo all-reduce points need only CPUs and may come from another host than the GPU points:
+    when the section holds both, the section's environment line describes the GPU points and the
+    gloo points get their own, with the host's core count (more ranks than cores take turns)."""
+    if frame.empty or "device" not in frame:
+        return {}
+    is_gloo = (frame["problem"] == "allreduce") & (frame["device"] == "cpu")
+    if not is_gloo.any() or is_gloo.all():
+        return {}
+    gloo = frame[is_gloo]
+    cores = sorted({int(c) for c in gloo.get("env.cpu_count", pd.Series(dtype=float)).dropna()})
+    worlds = pd.concat([gloo[c] for c in ("world_size", "env.world_size") if c in gloo]).dropna().astype(int)
+    max_world = int(worlds.max()) if not worlds.empty else None
+    env = environment_summary(gloo)
+    cpus = sorted({str(c) for c in gloo.get("env.cpu", pd.Series(dtype=object)).dropna()})
+    host_gpus = env["device"] if env["is_gpu"] else None
+    env.update(device=f"CPU ({', '.join(cpus) or 'unknown'})", host_gpus=host_gpus, cores=cores, max_world=max_world,
+               oversubscribed=bool(cores and max_world is not None and max_world > min(cores)))
+    return {"env": environment_summary(frame[~is_gloo]), "gloo_env": env}
 
 
 # --- all-reduce -------------------------------------------------------------------------------------
