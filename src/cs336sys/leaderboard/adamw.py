@@ -1,0 +1,156 @@
+"""AdamW as one Triton kernel per parameter tensor, with an optional low-precision copy of the result.
+
+`cs336sys.optim.AdamW` runs about seven elementwise torch ops per parameter, each a pass over
+memory; `adamw_kernel` reads p, g, m, v once and writes p, m, v once, with the same math. The FSDP
+step keeps a bf16 copy of every fp32 master shard for its all-gathers; the kernel can write that
+copy (`out_lowp`) in the same pass instead of a separate cast. The bias correction and decay
+factor are Python floats computed on the host, as in the reference. The kernel runs on CUDA
+tensors, or on any tensors when TRITON_INTERPRET=1 was set before triton was imported; otherwise
+`fused_adamw_` does the same math with torch ops (the CPU path). Loads and stores use plain
+pointer arithmetic (no block pointers), so the module works across Triton versions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BLOCK = 1024
+
+
+@triton.jit
+def _round_to_bf16(x):
+    """float32 -> bfloat16, round to nearest even, by integer ops on the bits.
+
+    What `x.to(tl.bfloat16)` does on the GPU, and torch's `.to(torch.bfloat16)`; spelled out because
+    Triton's interpreter truncates instead, and the tests compare the copy exactly.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(x == x, rounded, 0x7FC0)  # NaN stays a (quiet) NaN
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def adamw_kernel(P, G, M, V, OUT, n, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps, decay,
+                 HAS_OUT: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(M + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(V + offs, mask=mask, other=0.0).to(tl.float32)
+    m = m * beta1 + one_minus_beta1 * g
+    v = v * beta2 + one_minus_beta2 * (g * g)
+    # IEEE sqrt and division (tl.sqrt and `/` are approximate on the GPU), as torch computes them
+    p = p - step_size * tl.div_rn(m, tl.sqrt_rn(v) + eps)
+    p = p * decay
+    tl.store(P + offs, p.to(P.dtype.element_ty), mask=mask)
+    tl.store(M + offs, m.to(M.dtype.element_ty), mask=mask)
+    tl.store(V + offs, v.to(V.dtype.element_ty), mask=mask)
+    if HAS_OUT:
+        if OUT_BF16:
+            tl.store(OUT + offs, _round_to_bf16(p), mask=mask)
+        else:
+            tl.store(OUT + offs, p.to(OUT.dtype.element_ty), mask=mask)
+
+
+def kernel_interpreted() -> bool:
+    """Was triton imported with TRITON_INTERPRET=1 (so the kernel can run on CPU tensors)?"""
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(adamw_kernel, JITFunction)
+
+
+def fused_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step_size: float,
+                 lr: float, eps: float, weight_decay: float, beta1: float, beta2: float,
+                 out_lowp: Tensor | None = None) -> None:
+    """One AdamW update of `param`, `exp_avg`, `exp_avg_sq` in place (and `out_lowp` := the new param).
+
+    step_size is lr * sqrt(1 - beta2^t) / (1 - beta1^t). All tensors must be contiguous with as many
+    elements as param; grad may be in a lower precision than param (it is upcast).
+    """
+    tensors = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    if out_lowp is not None:
+        tensors["out_lowp"] = out_lowp
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"fused_adamw_ needs contiguous tensors; {name} has strides {t.stride()}")
+        if t.numel() != param.numel():
+            raise ValueError(f"{name} has {t.numel()} elements, param has {param.numel()}")
+        if t.device != param.device:
+            raise ValueError(f"{name} is on {t.device}, param on {param.device}")
+    decay = 1.0 - lr * weight_decay
+    n = param.numel()
+    if n == 0:
+        return
+    if param.device.type == "cuda" or kernel_interpreted():
+        grid = (triton.cdiv(n, BLOCK),)
+        adamw_kernel[grid](param, grad, exp_avg, exp_avg_sq, out_lowp if out_lowp is not None else param, n,
+                           beta1, 1.0 - beta1, beta2, 1.0 - beta2, step_size, eps, decay,
+                           HAS_OUT=out_lowp is not None,
+                           OUT_BF16=out_lowp is not None and out_lowp.dtype == torch.bfloat16, BLOCK=BLOCK)
+        return
+    # Torch ops in the reference's order, so the CPU path is bitwise cs336sys.optim.AdamW.
+    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    param.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(eps), value=-step_size)
+    param.mul_(decay)
+    if out_lowp is not None:
+        out_lowp.view(param.shape).copy_(param)
+
+
+class FusedAdamW(torch.optim.Optimizer):
+    """cs336sys.optim.AdamW with each parameter's update as one `fused_adamw_` call.
+
+    `lowp_copies` (or `set_lowp_copy`) maps a parameter to a buffer with as many elements, e.g. a
+    slice of a bf16 all-gather buffer, which each step overwrites with the updated parameter.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, *, lowp_copies: Mapping[Tensor, Tensor] | None = None):
+        if lr < 0:
+            raise ValueError(f"invalid learning rate {lr}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self._lowp: dict[Tensor, Tensor] = {}
+        for p, buffer in (lowp_copies or {}).items():
+            self.set_lowp_copy(p, buffer)
+
+    def set_lowp_copy(self, param: Tensor, buffer: Tensor | None) -> None:
+        """Write `param`'s updated value into `buffer` in the same pass as its update (None: stop)."""
+        if buffer is None:
+            self._lowp.pop(param, None)
+            return
+        if buffer.numel() != param.numel() or not buffer.is_contiguous():
+            raise ValueError(f"the low-precision copy must be contiguous with {param.numel()} elements, got "
+                             f"shape {tuple(buffer.shape)} strides {buffer.stride()}")
+        self._lowp[param] = buffer
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                state["step"] += 1
+                t = state["step"]
+                step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+                fused_adamw_(p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
+                             lr=lr, eps=eps, weight_decay=wd, beta1=beta1, beta2=beta2,
+                             out_lowp=self._lowp.get(p))
+        return loss
