@@ -22,6 +22,7 @@ include: "workflow/rules/attention.smk"
 include: "workflow/rules/ddp.smk"
 include: "workflow/rules/sharding.smk"
 include: "workflow/rules/accounting.smk"
+include: "workflow/rules/leaderboard.smk"
 include: "workflow/rules/rules.smk"
 
 

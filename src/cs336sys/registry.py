@@ -67,6 +67,7 @@ SECTIONS: dict[str, Section] = {s.name: s for s in [
     Section("ddp", "Distributed data parallel"),
     Section("sharding", "Optimizer state sharding and FSDP"),
     Section("accounting", "Parallelism accounting"),
+    Section("leaderboard", "The leaderboard: the 8B training step"),
 ]}
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
@@ -88,6 +89,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("sharding_memory", "cs336sys.distributed.sharding_experiments:run_sharding_memory_point", "sharding"),
     Experiment("fsdp_step", "cs336sys.distributed.sharding_experiments:run_fsdp_step_point", "sharding"),
     Experiment("fsdp_trace", "cs336sys.distributed.sharding_experiments:run_fsdp_trace_point", "sharding"),
+    Experiment("leaderboard_step", "cs336sys.leaderboard.experiments:run_leaderboard_point", "leaderboard"),
 ]}
 
 PROBLEMS: list[Problem] = [
@@ -116,7 +118,7 @@ PROBLEMS: list[Problem] = [
     Problem(22, "optimizer_state_sharding_accounting", "both", "sharding", ("sharding_memory",)),
     Problem(23, "fsdp", "2026", "sharding", ("fsdp_step",)),
     Problem(24, "fsdp_accounting", "2026", "sharding", ("fsdp_step", "fsdp_trace")),
-    Problem(25, "leaderboard (8B training step)", "2026", "leaderboard"),
+    Problem(25, "leaderboard (8B training step)", "2026", "leaderboard", ("leaderboard_step",)),
 ]
 
 

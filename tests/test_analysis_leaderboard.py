@@ -1,0 +1,100 @@
+"""The leaderboard section on synthetic GPU-like results (targets met and missed, an ablation, an
+out-of-memory config) and on none: the FLOP count, the verdict's arithmetic, the rendered text."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from cs336sys.analysis import leaderboard
+from cs336sys.report import render_markdown
+from cs336sys.results import read_result, write_json_atomic, write_result
+from cs336sys.sizes import get_size, train_step_flops
+
+TEMPLATES = Path(__file__).parent.parent / "writeup" / "templates"
+GRID = {"size": "8B", "context_length": 32768, "world_size": 2, "compute_dtype": "bf16", "peak_tflops": 989.4,
+        "configs": {"pytorch_parts": {"variant": "pytorch_parts"}, "ours": {"variant": "ours"},
+                    "ours_keep_gathered": {"variant": "ours", "reshard_after_forward": False},
+                    "ours_sdpa": {"variant": "ours", "attention": "sdpa"}},
+        "run": ["pytorch_parts", "ours", "ours_keep_gathered", "ours_sdpa"]}
+H200 = {"gpu": "NVIDIA H200", "gpus": [{"index": 0, "name": "NVIDIA H200"}] * 2, "device": "cuda", "cuda": "12.8",
+        "driver": "570.00", "gpu_count": 2, "backend": "nccl", "world_size": 2}
+
+
+def _point(root: Path, name: str, step_ms: float | None, status: str = "ok", **settings) -> Path:
+    path = root / "results" / "leaderboard_step" / f"{name}.json"
+    st = {"size": "8B", "context_length": 32768, "variant": "ours", **settings}
+    metrics = None
+    if status == "ok":
+        times = [step_ms * (1 + 0.002 * k) for k in (-2, -1, 0, 1, 2)]
+        metrics = {"median_ms": times[2], "mean_ms": sum(times) / 5, "std_ms": 0.01 * step_ms, "step_ms": times,
+                   "do_bench_ms": step_ms * 0.99, "max_peak_bytes": 100 * 2**30, "world_size": 2,
+                   "wall_s_to_end_of_timing": 240.0, "communication_not_overlapped_ms": 50.0,
+                   "phases": {"forward": {"host_ms": 1.0, "device_ms": step_ms / 3},
+                              "backward": {"host_ms": 2.0, "device_ms": step_ms / 2}}}
+    write_result(path, "leaderboard_step", st, metrics, status=status, reason=None if status == "ok" else status)
+    r = read_result(path)
+    r["env"].update(H200)
+    write_json_atomic(path, r)
+    return path
+
+
+def _render(ctx: dict, tmp: Path) -> str:
+    section = tmp / "sections" / "leaderboard"
+    section.mkdir(parents=True, exist_ok=True)
+    (section / "context.json").write_text(json.dumps(ctx | {"result_counts": {}}))
+    text = render_markdown([section], TEMPLATES, tmp / "writeup" / "report.md")
+    return text[text.index("## The leaderboard"):]
+
+
+def test_model_flops_halve_only_the_attention_products():
+    s = get_size("8B")
+    f = leaderboard.model_flops("8B", 2, 32768)
+    assert f["dense"] + f["attention_full"] == pytest.approx(train_step_flops(s, 2, 32768), rel=1e-12)
+    assert f["total"] == pytest.approx(f["dense"] + f["attention_full"] / 2, rel=1e-12)
+    # 6 x tokens x (non-embedding) parameters: the usual estimate of a dense step's FLOPs
+    assert f["dense"] == pytest.approx(6 * 2 * 32768 * f["dense_params"], rel=1e-12)
+
+
+def test_targets_met_ablation_and_an_out_of_memory_config(tmp_path):
+    ours_ms = random.uniform(3500.0, 4900.0)
+    base_ms = ours_ms * random.uniform(1.25, 1.6)
+    paths = [_point(tmp_path, "pytorch_parts", base_ms, variant="pytorch_parts"),
+             _point(tmp_path, "ours", ours_ms),
+             _point(tmp_path, "ours_keep_gathered", ours_ms * 0.95, reshard_after_forward=False),
+             _point(tmp_path, "ours_sdpa", None, status="oom", attention="sdpa")]
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = leaderboard.build(paths, out, **GRID)
+    v = ctx["verdict"]
+    assert v["step_s"] == pytest.approx(ours_ms / 1e3) and v["step_ok"]
+    assert v["speedup"] == pytest.approx(base_ms / ours_ms) and v["speedup_ok"] and v["wall_ok"]
+    assert v["over_floor"] == pytest.approx(ours_ms / 1e3 / ctx["floor_s"])
+    assert ctx["not_ok"] == ["ours_sdpa: oom (oom)"]
+    assert "0.950×" in ctx["tables"]["ablation"] and "keep gathered params" in ctx["tables"]["ablation"]
+    assert (out / "steps.csv").is_file() and (out / "phases.csv").is_file()
+    text = _render(ctx, tmp_path / "report")
+    assert "within the 5.0 s target" in text and "(meets the 1.22× target)" in text
+    assert "What each change does" in text and "ours_sdpa: oom" in text and "NVIDIA H200" in text
+
+
+def test_targets_missed_are_said_so(tmp_path):
+    ours_ms = random.uniform(5100.0, 6000.0)
+    paths = [_point(tmp_path, "pytorch_parts", ours_ms * 1.1, variant="pytorch_parts"),
+             _point(tmp_path, "ours", ours_ms)]
+    ctx = leaderboard.build(paths, tmp_path, **GRID)
+    assert not ctx["verdict"]["step_ok"] and not ctx["verdict"]["speedup_ok"]
+    text = _render(ctx, tmp_path / "report")
+    assert "over the 5.0 s target" in text and "(misses the 1.22× target)" in text
+
+
+def test_no_results_prints_the_plan_and_the_floor(tmp_path):
+    ctx = leaderboard.build([], tmp_path, **(GRID | {"run": []}))
+    assert "points" not in ctx and ctx["floor_s"] == pytest.approx(
+        leaderboard.model_flops("8B", 2, 32768)["total"] / (2 * 989.4e12))
+    text = _render(ctx, tmp_path / "report")
+    assert "No results yet for this section: the leaderboard job has not run" in text
+    assert "`ours_keep_gathered` (attention flash, checkpoint every block, keep gathered params)" in text
