@@ -319,6 +319,12 @@ def test_gpu_targets_meet_miss_and_are_not_measured(gpu_section):
     assert xl["baseline"]["source"] == "measured"
     saving = {(s["variant"], s["dtype"]): s["saving"] for s in xl["measured_savings"]}
     assert saving["ours", "bf16"] == pytest.approx(12.0) and saving["FSDP2", "fp32"] == pytest.approx(13.0)
+    # how far each peak sits above the model state its run holds: the baseline's against DDP's state,
+    # each FSDP peak against FSDP's (the explanation of a saving that falls short)
+    base, pred = xl["baseline"], xl["predicted"]
+    assert base["above_state"] == pytest.approx(base["peak"] - pred["unsharded_model_state"])
+    for s in xl["measured_savings"]:
+        assert s["above_state"] == pytest.approx(s["peak"] - pred["model_state"])
 
 
 def test_failed_points_show_their_status(gpu_section):
@@ -355,7 +361,8 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     assert "**Yes**: after the first, no layer of the forward waited" in text
     assert "not measured" in text and "✓" in text and "✗" in text
     assert "of the expected)" in text and (out / ctx["trace"]["figure"]).is_file()
-    assert "Where ours is slower, one difference costs time" in text and "falls short of the expected" in text
+    assert "Where ours is slower, one difference costs time" in text
+    assert "The savings fall short because the two peaks" in text
     assert "n/a" not in text and max(table_widths(text)) <= 9
 
 
