@@ -43,3 +43,18 @@ def run_experiment(fn, device: str = "cpu", *, artifact_dir=None, rendered_dir=N
     settings = parse_settings(settings_type(fn), {"device": device, **point})
     return fn(settings, Run(device="cuda:0" if device == "cuda" else device, artifact_dir=artifact_dir,
                             rendered_dir=rendered_dir))
+
+
+def spawn_checks(worker, world: int, timeout_s: float = 120, pg_timeout_s: float = 30):
+    """Run `worker(info, seed)` on `world` gloo ranks with a fresh seed (printed, with the time taken,
+    so a failure can be replayed); returns (world, every rank's result)."""
+    import time
+
+    from cs336sys.distributed.spawn import spawn
+
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    print(f"seed {seed}")
+    start = time.monotonic()
+    per_rank = spawn(worker, world, seed, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)
+    print(f"world {world}: {time.monotonic() - start:.1f} s")
+    return world, per_rank

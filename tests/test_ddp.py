@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import spawn_checks
 from torch import nn
 
 from cs336sys.distributed.ddp import BucketedDDP, FlatDDP, NaiveDDP, OverlappedDDP, build_ddp
@@ -263,12 +264,7 @@ def _all_checks(info, seed: int) -> dict:
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
 def spawned(request):
-    seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    print(f"seed {seed}")
-    start = time.monotonic()
-    per_rank = spawn(_all_checks, request.param, seed, timeout_s=120, pg_timeout_s=30)
-    print(f"world {request.param}: {time.monotonic() - start:.1f} s")
-    return request.param, per_rank
+    return spawn_checks(_all_checks, request.param)
 
 
 MATCH_CONFIGS = [f"{v}/{o}" for v in _variants() for o in ("adamw", "sgd", "no_sync")] + [

@@ -16,11 +16,11 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import spawn_checks
 from torch import nn
 
 from cs336sys import adapters
 from cs336sys.distributed.fsdp import FSDP
-from cs336sys.distributed.spawn import spawn
 from cs336sys.model import build_model
 from cs336sys.optim import AdamW, cross_entropy
 
@@ -229,12 +229,7 @@ def _all_checks(info, seed: int) -> dict:
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
 def spawned(request):
-    seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    print(f"seed {seed}")
-    start = time.monotonic()
-    per_rank = spawn(_all_checks, request.param, seed, timeout_s=180, pg_timeout_s=30)
-    print(f"world {request.param}: {time.monotonic() - start:.1f} s")
-    return request.param, per_rank
+    return spawn_checks(_all_checks, request.param, timeout_s=180)
 
 
 def _configs(dtype_name: str) -> list[str]:

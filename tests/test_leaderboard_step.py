@@ -16,6 +16,7 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import spawn_checks
 
 from cs336sys.distributed.spawn import spawn
 from cs336sys.jobs import Run
@@ -179,12 +180,7 @@ def _all_checks(info, seed: int) -> dict:
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda n: f"world{n}")
 def spawned(request):
-    seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    print(f"seed {seed}")
-    start = time.monotonic()
-    per_rank = spawn(_all_checks, request.param, seed, timeout_s=120, pg_timeout_s=30)
-    print(f"world {request.param}: {time.monotonic() - start:.1f} s")
-    return request.param, per_rank
+    return spawn_checks(_all_checks, request.param)
 
 
 @pytest.mark.parametrize("policy,reshard", CONFIGS, ids=[f"{p}-{'reshard' if r else 'keep'}" for p, r in CONFIGS])

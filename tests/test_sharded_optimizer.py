@@ -10,15 +10,14 @@ world size runs every optimizer three times with fresh data; the tests read its 
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
+from conftest import spawn_checks
 from torch import nn
 
 from cs336sys import adapters
 from cs336sys.distributed.sharded_optimizer import ShardedOptimizer, assign_to_ranks
-from cs336sys.distributed.spawn import spawn
 
 ITERATIONS = 3
 STEPS = 5
@@ -146,12 +145,7 @@ def _all_checks(info, seed: int) -> dict:
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
 def spawned(request):
-    seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    print(f"seed {seed}")
-    start = time.monotonic()
-    per_rank = spawn(_all_checks, request.param, seed, timeout_s=120, pg_timeout_s=30)
-    print(f"world {request.param}: {time.monotonic() - start:.1f} s")
-    return request.param, per_rank
+    return spawn_checks(_all_checks, request.param)
 
 
 CONFIGS = [f"{name}/{it}" for it in range(ITERATIONS) for name in OPTIMIZERS]

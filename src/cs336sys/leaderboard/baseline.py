@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cs336sys.dtypes import torch_dtype
-from cs336sys.leaderboard.step import LeaderboardSpec, check_world_size, random_batch
+from cs336sys.leaderboard.step import LeaderboardSpec, StepLoop, check_world_size, no_phase, random_batch
 from cs336sys.model import TransformerLM, build_model
 from cs336sys.optim import cross_entropy
 from cs336sys.sizes import parameter_count, train_step_flops
@@ -66,13 +66,10 @@ class _LossRoot(nn.Module):
         return loss
 
 
-def _no_range(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
-
-
 @dataclass
-class PytorchPartsStep:
-    """Same interface as `LeaderboardStep`: `run()`, `phase`, `info`, `tokens`/`targets`."""
+class PytorchPartsStep(StepLoop):
+    """Same interface as `LeaderboardStep`: `run()`, `phase`, `info`, `tokens`/`targets`. No `sync`:
+    FSDP2's backward finishes its own reductions."""
 
     spec: LeaderboardSpec
     model: TransformerLM
@@ -82,7 +79,7 @@ class PytorchPartsStep:
     targets: Tensor
     device: str
     info: dict = field(default_factory=dict)
-    phase: Callable[[str], contextlib.AbstractContextManager] = _no_range
+    phase: Callable[[str], contextlib.AbstractContextManager] = no_phase
 
     def forward(self) -> Tensor:
         with self.phase("forward"):
@@ -94,22 +91,6 @@ class PytorchPartsStep:
             loss.backward()  # FSDP2 reduce-scatters during the backward and waits at its end
         return loss.detach()
 
-    def sync(self) -> None:
-        pass  # nothing left: FSDP2's backward finishes its own reductions
-
-    def optimizer_step(self) -> None:
-        with self.phase("optimizer_step"):
-            self.optimizer.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def run(self) -> Tensor:
-        self.zero_grad()
-        loss = self.forward_backward()
-        self.sync()
-        self.optimizer_step()
-        return loss
 
 
 def build_pytorch_parts_step(spec: LeaderboardSpec, device: str | torch.device,

@@ -134,12 +134,42 @@ def check_world_size(spec: LeaderboardSpec) -> tuple[int, int]:
     return rank, world
 
 
-def _no_range(name: str) -> contextlib.AbstractContextManager:
+def no_phase(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+class StepLoop:
+    """The step every leaderboard variant runs, as the handout's harness does: zero_grad, forward and
+    backward, the gradients' synchronisation (none by default), the optimizer step. A variant
+    provides `forward_backward()`, `optimizer` and `phase`."""
+
+    optimizer: torch.optim.Optimizer
+    phase: Callable[[str], contextlib.AbstractContextManager]
+
+    def forward_backward(self) -> Tensor:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        pass
+
+    def optimizer_step(self) -> None:
+        with self.phase("optimizer_step"):
+            self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def run(self) -> Tensor:
+        """One training step; returns this rank's loss (detached, not synchronised)."""
+        self.zero_grad()
+        loss = self.forward_backward()
+        self.sync()
+        self.optimizer_step()
+        return loss
+
+
 @dataclass
-class LeaderboardStep:
+class LeaderboardStep(StepLoop):
     """A built step; `phase(name)` brackets "forward", "backward", "sync", "optimizer_step" (a
     profiler sets it to a range-opening function, as for `cs336sys.training.step.Step`).
     `tokens` and `targets` are this rank's batch; replace them to feed other data."""
@@ -153,7 +183,7 @@ class LeaderboardStep:
     device: str
     checkpointed: frozenset[int]
     info: dict = field(default_factory=dict)
-    phase: Callable[[str], contextlib.AbstractContextManager] = _no_range
+    phase: Callable[[str], contextlib.AbstractContextManager] = no_phase
 
     def _embed(self, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
         return functional_call(self.model.token_embeddings, params, (tokens,))
@@ -183,21 +213,6 @@ class LeaderboardStep:
     def sync(self) -> None:
         with self.phase("sync"):
             self.fsdp.finish_gradient_synchronization()
-
-    def optimizer_step(self) -> None:
-        with self.phase("optimizer_step"):
-            self.optimizer.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def run(self) -> Tensor:
-        """One training step; returns this rank's loss (detached, not synchronised)."""
-        self.zero_grad()
-        loss = self.forward_backward()
-        self.sync()
-        self.optimizer_step()
-        return loss
 
 
 def build_leaderboard_step(spec: LeaderboardSpec, device: str | torch.device,
