@@ -300,6 +300,14 @@ def predicted_peak(n: int, k: int, block: float, boundary: float, baseline: floa
     return baseline + checkpoint_memory(n, k, block, boundary) + (gradients if k else 0)
 
 
+
+def _point_of(r: dict, scale: float) -> dict:
+    """A checkpointing point as the template reads it: k, status, peak (in the section's unit), step."""
+    peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
+    return {"k": r["settings"]["checkpoint_blocks"], "status": r["status"],
+            "peak": None if peak is None else peak / scale,
+            "step_ms": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None}
+
 def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
     sweep = sorted(sweep, key=lambda r: r["settings"]["checkpoint_blocks"])
     ok = [r for r in sweep if r["status"] == "ok"]
@@ -335,23 +343,19 @@ def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
 
     by_k = {r["settings"]["checkpoint_blocks"]: r for r in sweep}
     measured = [(k, r["metrics"]["peak_memory_bytes"]) for k, r in by_k.items()
-                if r["status"] == "ok" and r["metrics"]["peak_memory_bytes"]]
+                if k > 0 and r["status"] == "ok" and r["metrics"]["peak_memory_bytes"]]
     if measured:
         best_k, best_peak = min(measured, key=lambda t: (t[1], t[0]))
-        ks = info["group_sizes"]
+        # neighbours among the group sizes; no checkpointing (k = 0, one group of all blocks) is reported apart
+        ks = sorted(k for k in info["group_sizes"] if k > 0)
 
         def point(j: int) -> dict | None:
-            if not 0 <= j < len(ks):
-                return None
-            r = by_k[ks[j]]
-            peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
-            return {"k": ks[j], "status": r["status"], "peak": None if peak is None else peak / scale,
-                    "step_ms": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None}
+            return _point_of(by_k[ks[j]], scale) if 0 <= j < len(ks) else None
 
         i = ks.index(best_k)
         info.update(best=point(i), smaller=point(i - 1), larger=point(i + 1),
                     matches_prediction=best_k == prediction["best_k"],
-                    none=point(ks.index(0)) if 0 in ks else None)
+                    none=_point_of(by_k[0], scale) if 0 in by_k else None)
         _checkpointing_figure(ctx, out, sweep, n, block, boundary, base, grads, unit, scale)
 
     recompute, bisection = recompute_from_input_cost(n), bisection_cost(n)
