@@ -1,0 +1,128 @@
+"""The leaderboard parts on CUDA: the compiled fused-AdamW kernel, the fused LM head + cross-entropy in
+bf16 (its values and its memory), and the whole step with our Triton FlashAttention-2 in bf16 on one
+GPU and, where the host has two, on two (NCCL) — each against the plain model and our AdamW.
+
+The CPU tests (`test_leaderboard_*.py`) check the same code in fp32 under gloo and the Triton
+interpreter; these are the paths only a GPU runs. Fresh random inputs every run (seed printed).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from cs336sys.distributed.spawn import spawn
+from cs336sys.leaderboard.adamw import FusedAdamW
+from cs336sys.leaderboard.loss import lm_head_cross_entropy
+from cs336sys.leaderboard.step import LeaderboardSpec, build_leaderboard_step
+from cs336sys.model import build_model
+from cs336sys.optim import AdamW, cross_entropy
+from cs336sys.sizes import ModelSize
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="TRITON_INTERPRET=1: kernels are interpreted, not compiled"),
+]
+
+# d_head 32 (a head size the flash kernels are tuned for), small enough to run in seconds.
+SMALL = ModelSize("leaderboard-gpu-test", d_model=128, d_ff=344, num_layers=3, num_heads=4, vocab_size=512,
+                  batch_size=2)
+SEQ = 256
+
+
+def _seed() -> int:
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    print(f"seed {seed}")
+    torch.manual_seed(seed)
+    return seed
+
+
+def test_fused_adamw_kernel_matches_our_adamw():
+    _seed()
+    shapes = [(4097,), (128, 129), (3, 5, 7)]
+    ours = [torch.randn(s, device="cuda") for s in shapes]
+    ref = [p.clone() for p in ours]
+    copies = [torch.empty_like(p, dtype=torch.bfloat16) for p in ours]
+    kw = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt = FusedAdamW(ours, lowp_copies=dict(zip(ours, copies, strict=True)), **kw)
+    opt_ref = AdamW(ref, **kw)
+    for _ in range(5):
+        for p, q in zip(ours, ref, strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        opt.step()
+        opt_ref.step()
+        for p, q, c in zip(ours, ref, copies, strict=True):
+            # the same arithmetic in another order: a few fp32 ulps of the tensor's scale
+            assert (p - q).abs().max().item() <= 1e-6 * q.abs().max().item()
+            assert torch.equal(c, p.to(torch.bfloat16))
+
+
+def test_fused_head_loss_in_bf16_against_float64_and_its_memory():
+    _seed()
+    n, d, v, chunk = 8192, 256, 32000, 1024
+    hidden = torch.randn(n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = (torch.randn(v, d, device="cuda") / d**0.5).requires_grad_()
+    targets = torch.randint(0, v, (n,), device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = lm_head_cross_entropy(hidden, weight, targets, chunk_tokens=chunk)
+    loss.backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    # full fp32 logits would be n * v * 4 bytes (1 GiB here); a chunk of them and its gradient, plus the
+    # two gradients that are kept, must stay well under that
+    assert extra < 0.5 * n * v * 4, f"{extra / 2**20:.0f} MiB extra: the logits were materialised"
+    h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    ref = cross_entropy(h64 @ w64.T, targets)
+    ref.backward()
+    assert abs(loss.item() - ref.item()) / ref.item() < 5e-3
+    for got, want in ((hidden.grad, h64.grad), (weight.grad, w64.grad)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 3e-2
+
+
+def _step_against_plain_model(info, seed: int) -> dict:
+    """One rank: our step (flash attention, bf16 compute) for three steps against the plain model in
+    fp32 with our AdamW on the whole global batch."""
+    rank, world = info.rank, info.world_size
+    device = f"cuda:{rank}"
+    spec = LeaderboardSpec(size=SMALL, context_length=SEQ, batch_per_rank=1, compute_dtype="bf16",
+                           attention="flash", checkpoint_blocks=1, reshard_after_forward=True,
+                           ce_chunk_tokens=128, seed=seed, world_size=world)
+    step = build_leaderboard_step(spec, device)
+    torch.manual_seed(seed)
+    reference = build_model(SMALL, SEQ, device=device)
+    opt_ref = AdamW(reference.parameters(), lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
+    gen = torch.Generator().manual_seed(seed + 1)
+    loss_err, param_err = 0.0, 0.0
+    for _ in range(3):
+        tokens, targets = (torch.randint(0, SMALL.vocab_size, (world, SEQ), generator=gen).to(device) for _ in range(2))
+        opt_ref.zero_grad()
+        ref_loss = cross_entropy(reference(tokens), targets)
+        ref_loss.backward()
+        opt_ref.step()
+        step.tokens, step.targets = tokens[rank:rank + 1], targets[rank:rank + 1]
+        loss = step.run().float()
+        torch.distributed.all_reduce(loss)
+        loss_err = max(loss_err, abs(loss.item() / world - ref_loss.item()) / ref_loss.item())
+    full = step.fsdp.gather_full_params()
+    for name, p in reference.named_parameters():
+        param_err = max(param_err, ((full[name].float() - p).norm() / p.norm()).item())
+    return {"loss_err": loss_err, "param_err": param_err}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_step_with_flash_attention_in_bf16_matches_the_plain_model(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs ({torch.cuda.device_count()} visible)")
+    seed = _seed()
+    for rank, r in enumerate(spawn(_step_against_plain_model, world, seed, device="cuda", timeout_s=300)):
+        # bf16 compute against fp32: ~1e-3 on the loss; the updated parameters move by lr per step,
+        # so their relative difference stays far below one update's size
+        assert r["loss_err"] < 2e-2, f"rank {rank}: loss off by {r['loss_err']:.3g}"
+        assert r["param_err"] < 1e-3, f"rank {rank}: parameters off by {r['param_err']:.3g}"
