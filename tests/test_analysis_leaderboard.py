@@ -19,13 +19,13 @@ GRID = {"size": "8B", "context_length": 32768, "world_size": 2, "compute_dtype":
         "configs": {"pytorch_parts": {"variant": "pytorch_parts"}, "ours": {"variant": "ours"},
                     "ours_keep_gathered": {"variant": "ours", "reshard_after_forward": False},
                     "ours_sdpa": {"variant": "ours", "attention": "sdpa"}},
-        "run": ["pytorch_parts", "ours", "ours_keep_gathered", "ours_sdpa"]}
+        "jobs": {"main": ["pytorch_parts", "ours"], "ablation": ["ours", "ours_keep_gathered", "ours_sdpa"]}}
 H200 = {"gpu": "NVIDIA H200", "gpus": [{"index": 0, "name": "NVIDIA H200"}] * 2, "device": "cuda", "cuda": "12.8",
         "driver": "570.00", "gpu_count": 2, "backend": "nccl", "world_size": 2}
 
 
-def _point(root: Path, name: str, step_ms: float | None, status: str = "ok", **settings) -> Path:
-    path = root / "results" / "leaderboard_step" / f"{name}.json"
+def _point(root: Path, name: str, step_ms: float | None, status: str = "ok", job: str = "main", **settings) -> Path:
+    path = root / "results" / "leaderboard_step" / job / f"{name}.json"
     st = {"size": "8B", "context_length": 32768, "variant": "ours", **settings}
     metrics = None
     if status == "ok":
@@ -62,10 +62,12 @@ def test_model_flops_halve_only_the_attention_products():
 def test_targets_met_ablation_and_an_out_of_memory_config(tmp_path):
     ours_ms = random.uniform(3500.0, 4900.0)
     base_ms = ours_ms * random.uniform(1.25, 1.6)
+    ablation_ours = ours_ms * random.uniform(0.98, 1.02)  # the same config in another job
     paths = [_point(tmp_path, "pytorch_parts", base_ms, variant="pytorch_parts"),
              _point(tmp_path, "ours", ours_ms),
-             _point(tmp_path, "ours_keep_gathered", ours_ms * 0.95, reshard_after_forward=False),
-             _point(tmp_path, "ours_sdpa", None, status="oom", attention="sdpa")]
+             _point(tmp_path, "ours", ablation_ours, job="ablation"),
+             _point(tmp_path, "ours_keep_gathered", ablation_ours * 0.95, job="ablation", reshard_after_forward=False),
+             _point(tmp_path, "ours_sdpa", None, status="oom", job="ablation", attention="sdpa")]
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(paths, out, **GRID)
@@ -73,12 +75,17 @@ def test_targets_met_ablation_and_an_out_of_memory_config(tmp_path):
     assert v["step_s"] == pytest.approx(ours_ms / 1e3) and v["step_ok"]
     assert v["speedup"] == pytest.approx(base_ms / ours_ms) and v["speedup_ok"] and v["wall_ok"]
     assert v["over_floor"] == pytest.approx(ours_ms / 1e3 / ctx["floor_s"])
-    assert ctx["not_ok"] == ["ours_sdpa: oom (oom)"]
+    assert v["job"] == "main" and ctx["not_ok"] == ["ablation/ours_sdpa: oom (oom)"]
     assert "0.950×" in ctx["tables"]["ablation"] and "keep gathered params" in ctx["tables"]["ablation"]
     assert (out / "steps.csv").is_file() and (out / "phases.csv").is_file()
     text = _render(ctx, tmp_path / "report")
     assert "within the 5.0 s target" in text and "(meets the 1.22× target)" in text
-    assert "What each change does" in text and "ours_sdpa: oom" in text and "NVIDIA H200" in text
+    assert "What each change does" in text and "ablation/ours_sdpa: oom" in text and "NVIDIA H200" in text
+    assert "in the same job (`main`)" in text
+    steps = ctx["tables"]["steps"].splitlines()[2:]
+    assert [tuple(c.strip() for c in line.split("|")[1:3]) for line in steps] == [
+        ("main", "pytorch_parts"), ("main", "ours"), ("ablation", "ours"), ("ablation", "ours_keep_gathered"),
+        ("ablation", "ours_sdpa")]
 
 
 def test_targets_missed_are_said_so(tmp_path):
@@ -92,9 +99,34 @@ def test_targets_missed_are_said_so(tmp_path):
 
 
 def test_no_results_prints_the_plan_and_the_floor(tmp_path):
-    ctx = leaderboard.build([], tmp_path, **(GRID | {"run": []}))
+    ctx = leaderboard.build([], tmp_path, **(GRID | {"jobs": {}}))
     assert "points" not in ctx and ctx["floor_s"] == pytest.approx(
         leaderboard.model_flops("8B", 2, 32768)["total"] / (2 * 989.4e12))
     text = _render(ctx, tmp_path / "report")
-    assert "No results yet for this section: the leaderboard job has not run" in text
+    assert "No results yet for this section: the leaderboard jobs have not run" in text
+    assert "the grid's `leaderboard.jobs` is empty" in text
     assert "`ours_keep_gathered` (attention flash, checkpoint every block, keep gathered params)" in text
+
+
+def test_the_section_reads_cleanly_as_a_pdf(tmp_path):
+    """Through pandoc and typst, read back like the real report: every table fits its columns."""
+    pytest.importorskip("pypdf")
+    import test_pdf_layout as layout
+
+    from cs336sys import report
+
+    ours_ms = random.uniform(3500.0, 6000.0)
+    paths = [_point(tmp_path, "pytorch_parts", ours_ms * 1.3, variant="pytorch_parts"),
+             _point(tmp_path, "ours", ours_ms),
+             _point(tmp_path, "ours", ours_ms, job="ablation"),
+             _point(tmp_path, "ours_keep_gathered", ours_ms * 0.97, job="ablation", reshard_after_forward=False),
+             _point(tmp_path, "ours_sdpa", ours_ms * 1.05, job="ablation", attention="sdpa")]
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = leaderboard.build(paths, out, **GRID)
+    _render(ctx, tmp_path / "report")
+    pdf = tmp_path / "report" / "writeup" / "report.pdf"
+    report.render_pdf(tmp_path / "report" / "writeup" / "report.md", pdf)
+    read = layout.read_layout(pdf)
+    assert len(read.tables) == 4  # the coverage table, then steps, ablation, phases
+    assert layout.layout_problems(read, report.MARGIN_X_CM / 2.54 * 72) == []

@@ -56,12 +56,70 @@ def _describe(settings: dict) -> str:
     return ", ".join(parts)
 
 
+def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | None) -> tuple[dict, list[dict]]:
+    """One result as a table row (and its phases): times in s, memory in GiB, model TFLOP/s and MFU."""
+    st, m = r["settings"], r.get("metrics") or {}
+    row = {"job": job, "name": name, "variant": st.get("variant"), "status": r["status"], "reason": r.get("reason"),
+           "setup": _describe(st)}
+    phases = []
+    if r["status"] == "ok":
+        world = m.get("world_size", world_size)
+        flops = model_flops(st["size"], world * st.get("batch_per_rank", 1), st["context_length"])["total"]
+        step_s = m["median_ms"] / 1e3
+        row.update(step_s=step_s, std_s=m.get("std_ms", 0.0) / 1e3, do_bench_s=(m.get("do_bench_ms") or math.nan) / 1e3,
+                   peak_gib=(m.get("max_peak_bytes") or math.nan) / GIB, wall_s=m.get("wall_s_to_end_of_timing"),
+                   tflops_per_gpu=flops / step_s / world / 1e12,
+                   mfu=flops / step_s / (world * peak_tflops * 1e12) if peak_tflops else None,
+                   exposed_comm_ms=m.get("communication_not_overlapped_ms"))
+        for phase in PHASES:
+            p = (m.get("phases") or {}).get(phase)
+            if p:
+                phases.append({"job": job, "config": name, "phase": phase.replace("_", " "),
+                               "device ms": p.get("device_ms"), "host ms": p.get("host_ms")})
+    return row, phases
+
+
+def _verdict(rows: list[dict], floor_s: float | None) -> dict | None:
+    """Ours against the targets, and against PyTorch's parts timed in the same job (the first job that
+    has both; else ours alone, from the first job that has it)."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    jobs = list(dict.fromkeys(r["job"] for r in ok))
+    pick = next((j for j in jobs if {"ours", "pytorch_parts"} <= {r["variant"] for r in ok if r["job"] == j}), None)
+    ours = next((r for r in ok if r["variant"] == "ours" and r["name"] == "ours" and r["job"] == (pick or r["job"])),
+                None)
+    if ours is None:
+        return None
+    verdict = {"job": ours["job"], "step_s": ours["step_s"], "step_ok": ours["step_s"] <= TARGET_STEP_S,
+               "wall_s": ours["wall_s"], "wall_ok": ours["wall_s"] is not None and ours["wall_s"] <= TARGET_WALL_S}
+    base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == ours["job"]), None)
+    if base is not None:
+        verdict.update(base_s=base["step_s"], speedup=base["step_s"] / ours["step_s"],
+                       speedup_ok=base["step_s"] / ours["step_s"] >= TARGET_SPEEDUP)
+    if floor_s:
+        verdict["over_floor"] = ours["step_s"] / floor_s
+    return verdict
+
+
+def _ablation(rows: list[dict]) -> list[dict]:
+    """Every other config of ours against `ours` timed in the same job."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    out = []
+    for job in dict.fromkeys(r["job"] for r in ok):
+        ours = next((r for r in ok if r["job"] == job and r["name"] == "ours"), None)
+        if ours is None:
+            continue
+        out += [{"job": job, "config": r["name"], "change from ours": r["setup"], "step s": r["step_s"],
+                 "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×", "peak GiB/GPU": r["peak_gib"]}
+                for r in ok if r["job"] == job and r["variant"] == "ours" and r is not ours]
+    return out
+
+
 def build(paths: list[Path], out: Path, size: str | None = None, context_length: int | None = None,
           world_size: int = 2, compute_dtype: str = "bf16", peak_tflops: float | None = None,
-          configs: dict | None = None, run: list | None = None, **_: object) -> dict:
+          configs: dict | None = None, jobs: dict | None = None, **_: object) -> dict:
     frame = results_frame(paths)
     ctx: dict = {"env": environment_summary(frame), "tables": {}, "world_size": world_size,
-                 "compute_dtype": compute_dtype, "peak_tflops": peak_tflops, "run": list(run or []),
+                 "compute_dtype": compute_dtype, "peak_tflops": peak_tflops, "jobs": dict(jobs or {}),
                  "configs": {name: _describe(c) for name, c in (configs or {}).items()},
                  "targets": {"step_s": TARGET_STEP_S, "speedup": TARGET_SPEEDUP, "wall_s": TARGET_WALL_S}}
     if size is not None and context_length is not None:
@@ -76,61 +134,39 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         if peak_tflops:
             ctx["floor_s"] = flops["total"] / (world_size * peak_tflops * 1e12)
             ctx["target_mfu"] = ctx["floor_s"] / TARGET_STEP_S
-    results = [(p.stem, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
-    results = [(name, r) for name, r in results if r.get("problem") == "leaderboard_step"]
+    # results/leaderboard_step/<job>/<config>.json
+    results = [(p.parent.name, p.stem, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
+    results = [(job, name, r) for job, name, r in results if r.get("problem") == "leaderboard_step"]
     if not results:
         return ctx
-    rows, table, phases = [], [], []
-    for name, r in results:
-        st, m = r["settings"], r.get("metrics") or {}
-        row = {"name": name, "variant": st.get("variant"), "status": r["status"], "reason": r.get("reason"),
-               "setup": _describe(st)}
-        if r["status"] == "ok":
-            world = m.get("world_size", world_size)
-            flops = model_flops(st["size"], world * st.get("batch_per_rank", 1), st["context_length"])["total"]
-            step_s = m["median_ms"] / 1e3
-            row.update(step_s=step_s, std_s=m.get("std_ms", 0.0) / 1e3,
-                       do_bench_s=(m.get("do_bench_ms") or math.nan) / 1e3,
-                       peak_gib=(m.get("max_peak_bytes") or math.nan) / GIB, wall_s=m.get("wall_s_to_end_of_timing"),
-                       tflops_per_gpu=flops / step_s / world / 1e12,
-                       mfu=flops / step_s / (world * peak_tflops * 1e12) if peak_tflops else None,
-                       exposed_comm_ms=m.get("communication_not_overlapped_ms"))
-            for phase in PHASES:
-                p = (m.get("phases") or {}).get(phase)
-                if p:
-                    phases.append({"config": name, "phase": phase.replace("_", " "),
-                                   "device ms": p.get("device_ms"), "host ms": p.get("host_ms")})
+    # jobs with the baseline first (the config's order does not survive the JSON of the rule's params)
+    order = sorted(ctx["jobs"], key=lambda j: ("pytorch_parts" not in ctx["jobs"][j], j))
+    results.sort(key=lambda t: (order.index(t[0]) if t[0] in order else len(order), t[0],
+                                ctx["jobs"].get(t[0], []).index(t[1]) if t[1] in ctx["jobs"].get(t[0], []) else 99))
+    rows, phases = [], []
+    for job, name, r in results:
+        row, row_phases = _row(job, name, r, world_size, peak_tflops)
         rows.append(row)
-        table.append({"config": name, "setup": row["setup"], "status": r["status"],
-                      "step s": f"{row['step_s']:.3f} ± {row['std_s']:.3f}" if "step_s" in row else r["status"],
-                      "do_bench s": row.get("do_bench_s"), "peak GiB/GPU": row.get("peak_gib"),
-                      "TFLOP/s/GPU": row.get("tflops_per_gpu"),
-                      "MFU": f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "",
-                      "wall s": row.get("wall_s")})
+        phases += row_phases
+    table = [{"job": r["job"], "config": r["name"],  # each config's setup is listed above the table
+              "step s": f"{r['step_s']:.3f} ± {r['std_s']:.3f}" if "step_s" in r else r["status"],
+              "do_bench s": r.get("do_bench_s"), "peak GiB/GPU": r.get("peak_gib"),
+              "TFLOP/s/GPU": r.get("tflops_per_gpu"),
+              "MFU": f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "", "wall s": r.get("wall_s")}
+             for r in rows]
     ctx["points"] = rows
     ctx["tables"]["steps"] = save_table(pd.DataFrame(table), out, "steps", digits=3)
     if phases:
         ctx["tables"]["phases"] = save_table(pd.DataFrame(phases), out, "phases", digits=1)
-    ok = {row["name"]: row for row in rows if row["status"] == "ok"}
-    base = next((row for row in ok.values() if row["variant"] == "pytorch_parts"), None)
-    ours = ok.get("ours") or next((row for row in ok.values() if row["variant"] == "ours"), None)
-    if ours is not None:
-        verdict = {"step_s": ours["step_s"], "step_ok": ours["step_s"] <= TARGET_STEP_S,
-                   "wall_s": ours["wall_s"], "wall_ok": ours["wall_s"] is not None and ours["wall_s"] <= TARGET_WALL_S}
-        if base is not None:
-            verdict.update(base_s=base["step_s"], speedup=base["step_s"] / ours["step_s"],
-                           speedup_ok=base["step_s"] / ours["step_s"] >= TARGET_SPEEDUP)
-        if "floor_s" in ctx:
-            verdict["over_floor"] = ours["step_s"] / ctx["floor_s"]
+    verdict = _verdict(rows, ctx.get("floor_s"))
+    if verdict is not None:
         ctx["verdict"] = verdict
-        ablation = [{"config": name, "change from ours": row["setup"], "step s": row["step_s"],
-                     "vs ours": f"{row['step_s'] / ours['step_s']:.3f}×", "peak GiB/GPU": row["peak_gib"]}
-                    for name, row in ok.items() if row["variant"] == "ours" and row is not ours]
-        if ablation:
-            ctx["tables"]["ablation"] = save_table(pd.DataFrame(ablation), out, "ablation", digits=3)
-    ctx["not_ok"] = [f"{row['name']}: {row['status']}" + (f" ({row['reason']})" if row["reason"] else "")
-                     for row in rows if row["status"] != "ok"]
+    ablation = _ablation(rows)
+    if ablation:
+        ctx["tables"]["ablation"] = save_table(pd.DataFrame(ablation), out, "ablation", digits=3)
+    ctx["not_ok"] = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+                     for r in rows if r["status"] != "ok"]
     walls = [p for p in paths if p.suffix == ".tsv"]
     if walls:
-        ctx["job_wall_s"] = sum(read_benchmark_tsv(p) for p in walls)
+        ctx["job_wall_s"] = {p.stem: read_benchmark_tsv(p) for p in walls}
     return ctx
