@@ -169,12 +169,36 @@ def _baseline_losses(rank: int, world: int, seed: int) -> dict:
     return {"loss_errs": errors}
 
 
+def _alive_after_drop(rank: int, world: int, seed: int) -> dict:
+    """Build each variant, run a step, drop it: its parameters and optimizer state must go with it.
+    The leaderboard job runs its configs one after another in one process; anything a dropped step
+    leaves alive (a hook held in C++, a cycle through a collective's handle) is taken from the next
+    config's memory, which at 8B is a false out-of-memory."""
+    import gc
+
+    builders = {"ours": lambda: build_leaderboard_step(_spec(rank, seed), "cpu")}
+    if world > 1:
+        builders["baseline"] = lambda: build_pytorch_parts_step(_spec(0, seed), "cpu")
+    alive = {}
+    for name, build in builders.items():
+        step = build()
+        step.run()
+        tensors = [p for group in step.optimizer.param_groups for p in group["params"]]
+        tensors += [t for state in step.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        refs = [weakref.ref(t) for t in tensors]
+        del step, tensors
+        gc.collect()
+        alive[name] = (len(refs), sum(r() is not None for r in refs))
+    return alive
+
+
 def _all_checks(info, seed: int) -> dict:
     rank, world = info.rank, info.world_size
     results = {f"{policy}/{reshard}": _train_ours(rank, world, seed, policy, reshard) for policy, reshard in CONFIGS}
     results["bf16"] = _train_bf16(rank, world, seed)
     if world > 1:
         results["baseline"] = _baseline_losses(rank, world, seed)
+    results["alive_after_drop"] = _alive_after_drop(rank, world, seed)
     return results
 
 
@@ -292,3 +316,10 @@ def test_leaderboard_point_needs_two_ranks():
         run_leaderboard_point(LeaderboardSettings(size="tiny", context_length=SEQ, device="cpu"), Run())
     with pytest.raises(ValueError, match="steps must be at least 5"):
         LeaderboardSettings(steps=3)
+
+
+def test_a_dropped_step_frees_its_parameters_and_optimizer_state(spawned):
+    world, per_rank = spawned
+    for rank, results in enumerate(per_rank):
+        for variant, (tracked, alive) in results["alive_after_drop"].items():
+            assert tracked > 0 and alive == 0, f"rank {rank}, {variant}: {alive} of {tracked} tensors outlive the step"
