@@ -2,9 +2,10 @@
 ours against PyTorch's own parts, the FLOP floor, what each optimisation bought (the ablation), memory
 per GPU and where the time goes (one profiled step per config).
 
-Inputs: `leaderboard_step` result files (one per config of the grid's `leaderboard.run`), the folder
-rendered beside each (its `timeline.json`), the job's Snakemake timing record, and from the config
-(`extra`): the size, context, world size, compute dtype, the peak for MFU and the configs, so the
+Inputs: `leaderboard_step` result files (`results/leaderboard_step/<job>/<config>.json`, one per config
+of each job of the grid's `leaderboard.jobs`), the folder rendered beside each (its `timeline.json`),
+each job's Snakemake timing record, and from the config (`extra`): the size, context, world size,
+compute dtype, the peak for MFU, the configs and the jobs, so the
 floor and the plan print before any result exists.
 
 FLOPs. `cs336sys.sizes.train_step_flops` counts attention's full seq x seq products, as the naive
