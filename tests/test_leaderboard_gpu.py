@@ -97,9 +97,10 @@ def _step_against_plain_model(info, seed: int) -> dict:
     step = build_leaderboard_step(spec, device)
     torch.manual_seed(seed)
     reference = build_model(SMALL, SEQ, device=device)
+    start = {name: p.detach().clone() for name, p in reference.named_parameters()}
     opt_ref = AdamW(reference.parameters(), lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
     gen = torch.Generator().manual_seed(seed + 1)
-    loss_err, param_err = 0.0, 0.0
+    loss_err = 0.0
     for _ in range(3):
         tokens, targets = (torch.randint(0, SMALL.vocab_size, (world, SEQ), generator=gen).to(device) for _ in range(2))
         opt_ref.zero_grad()
@@ -108,12 +109,14 @@ def _step_against_plain_model(info, seed: int) -> dict:
         opt_ref.step()
         step.tokens, step.targets = tokens[rank:rank + 1], targets[rank:rank + 1]
         loss = step.run().float()
-        torch.distributed.all_reduce(loss)
+        if world > 1:
+            torch.distributed.all_reduce(loss)
         loss_err = max(loss_err, abs(loss.item() / world - ref_loss.item()) / ref_loss.item())
     full = step.fsdp.gather_full_params()
-    for name, p in reference.named_parameters():
-        param_err = max(param_err, ((full[name].float() - p).norm() / p.norm()).item())
-    return {"loss_err": loss_err, "param_err": param_err}
+    with torch.no_grad():
+        diff = sum(((full[name].float() - p) ** 2).sum() for name, p in reference.named_parameters())
+        update = sum(((p - start[name]) ** 2).sum() for name, p in reference.named_parameters())
+    return {"loss_err": loss_err, "update_err": (diff / update).sqrt().item()}
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -122,7 +125,10 @@ def test_step_with_flash_attention_in_bf16_matches_the_plain_model(world):
         pytest.skip(f"needs {world} GPUs ({torch.cuda.device_count()} visible)")
     seed = _seed()
     for rank, r in enumerate(spawn(_step_against_plain_model, world, seed, device="cuda", timeout_s=300)):
-        # bf16 compute against fp32: ~1e-3 on the loss; the updated parameters move by lr per step,
-        # so their relative difference stays far below one update's size
+        # bf16 compute against fp32: ~1e-3 on the loss. The parameters are compared through the three
+        # updates (ours - reference, over the reference's own change): bf16 rounding flips the sign of
+        # Adam's first steps for near-zero gradients, which moves a parameter by a whole update, so the
+        # gap is a few % of the update (5% measured with SDPA in bf16 on the CPU, 1 and 2 ranks); a
+        # wrong gradient or a lost update is of the order of the update itself (100%).
         assert r["loss_err"] < 2e-2, f"rank {rank}: loss off by {r['loss_err']:.3g}"
-        assert r["param_err"] < 1e-3, f"rank {rank}: parameters off by {r['param_err']:.3g}"
+        assert r["update_err"] < 0.15, f"rank {rank}: updates off by {r['update_err']:.3g} of their size"
