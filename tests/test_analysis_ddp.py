@@ -25,6 +25,7 @@ from cs336sys.analysis.ddp_model import (
 from cs336sys.profiling.timeline import save_summary, summarize_timeline
 from cs336sys.report import render_markdown
 from cs336sys.results import read_result, write_json_atomic, write_result
+from cs336sys.sizes import train_step_flops
 
 TEMPLATES = Path(__file__).parent.parent / "writeup" / "templates"
 MIB = 2**20
@@ -304,6 +305,28 @@ def test_ddp_targets_meet_and_miss(gpu_section):
     assert meet["bucketed"]["matched_ratio"] == pytest.approx(306.0 / (303.0 * 1.004))
     se = meet["bucketed"]["se"]  # standard error of a ratio of two means of 10 steps, std 1 ms each
     assert se == pytest.approx(meet["bucketed"]["ratio"] * math.sqrt((1 / 306) ** 2 / 10 + (1 / 303) ** 2 / 10))
+
+
+def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, tmp_path):
+    """The note under the targets: only for a job that misses one, its no-communication pace from the
+    model's FLOPs, against the job of the same dtype that computes fastest (none in another dtype)."""
+    _, ctx, _ = gpu_section
+    jobs = {j["name"]: j for j in ctx["ddp_jobs"]}
+    assert jobs["2.7B-bf16"]["missed"] is None
+    note = jobs["xl-fp32"]["missed"]
+    assert note["targets"] == ["bucketed", "overlap"] and "other" not in note  # the other job is bf16
+    assert note["tflops"] == pytest.approx(train_step_flops("xl", 4, 512) / 0.5 / 1e12)
+    root = tmp_path / "same-dtype"
+    _ddp_job(root, "2.7B", "fp32", 300.0, bucketed_best=304.0, overlap=306.0, torch=303.0)  # meets both
+    _ddp_job(root, "xl", "fp32", 400.0, bucketed_best=450.0, overlap=420.0, torch=405.0)  # misses bucketed only
+    ctx2, _ = build(root, inputs(root))
+    jobs = {j["name"]: j for j in ctx2["ddp_jobs"]}
+    note = jobs["xl-fp32"]["missed"]
+    assert jobs["2.7B-fp32"]["missed"] is None and note["targets"] == ["bucketed"] and note["other"] == "2.7B, fp32"
+    assert note["flops_ratio"] == pytest.approx(train_step_flops("xl", 4, 512) / train_step_flops("2.7B", 4, 512))
+    assert note["time_ratio"] == pytest.approx(400.0 / 300.0)
+    text = render(ctx2, tmp_path / "report")
+    assert "xl, fp32 misses the bucketed target." in text and f"{note['flops_ratio']:.2f}× the model arithmetic" in text
 
 
 def test_ddp_step_table_and_answers(gpu_section):

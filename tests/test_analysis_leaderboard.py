@@ -79,7 +79,7 @@ def test_targets_met_ablation_and_an_out_of_memory_config(tmp_path):
     assert "0.950×" in ctx["tables"]["ablation"] and "keep gathered params" in ctx["tables"]["ablation"]
     assert (out / "steps.csv").is_file() and (out / "phases.csv").is_file()
     text = _render(ctx, tmp_path / "report")
-    assert "within the 5.0 s target" in text and "(meets the 1.22× target)" in text
+    assert "within the 5.0 s target" in text and "the target is at least 1.22× (met)" in text
     assert "What each change does" in text and "ablation/ours_sdpa: oom" in text and "NVIDIA H200" in text
     assert "in the same job (`main`)" in text
     steps = ctx["tables"]["steps"].splitlines()[2:]
@@ -95,7 +95,92 @@ def test_targets_missed_are_said_so(tmp_path):
     ctx = leaderboard.build(paths, tmp_path, **GRID)
     assert not ctx["verdict"]["step_ok"] and not ctx["verdict"]["speedup_ok"]
     text = _render(ctx, tmp_path / "report")
-    assert "over the 5.0 s target" in text and "(misses the 1.22× target)" in text
+    assert "over the 5.0 s target" in text and "the target is at least 1.22× (missed)" in text
+    assert "best" not in ctx  # ours is the only config of ours: nothing faster to report
+
+
+def test_a_job_without_ours_gives_the_best_config_and_the_gap(tmp_path):
+    """A job pairs PyTorch's parts with another config of ours (no `ours` in it): the verdict still
+    takes `ours` from the job that has both, the fastest config is reported against its own job's
+    baseline, and the gap and the ablation's largest change are computed, not typed."""
+    ours_ms = random.uniform(7000.0, 8000.0)
+    base_ms = ours_ms * random.uniform(0.85, 0.95)
+    best_ms = base_ms * random.uniform(0.88, 0.95)
+    grid = GRID | {"configs": GRID["configs"] | {"ours_fast": {"variant": "ours", "attention": "sdpa",
+                                                               "checkpoint_blocks": 27}},
+                   "jobs": {"main": ["pytorch_parts", "ours"], "best": ["pytorch_parts", "ours_fast"],
+                            "ablation": ["ours", "ours_sdpa"]}}
+    paths = [_point(tmp_path, "pytorch_parts", base_ms, variant="pytorch_parts"),
+             _point(tmp_path, "ours", ours_ms),
+             _point(tmp_path, "pytorch_parts", base_ms * 1.01, job="best", variant="pytorch_parts"),
+             _point(tmp_path, "ours_fast", best_ms, job="best", attention="sdpa", checkpoint_blocks=27),
+             _point(tmp_path, "ours", ours_ms, job="ablation"),
+             _point(tmp_path, "ours_sdpa", ours_ms * 0.88, job="ablation", attention="sdpa")]
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = leaderboard.build(paths, out, **grid)
+    v, b, g = ctx["verdict"], ctx["best"], ctx["gap"]
+    assert v["job"] == "main" and v["config"] == "ours" and v["speedup"] == pytest.approx(base_ms / ours_ms)
+    assert not v["speedup_ok"] and v["to_target_s"] == pytest.approx(ours_ms / 1e3 - 5.0)
+    assert b["job"] == "best" and b["config"] == "ours_fast"
+    assert b["speedup"] == pytest.approx(base_ms * 1.01 / best_ms)
+    assert b["base_s"] == pytest.approx(base_ms * 1.01 / 1e3)
+    assert g["job"] == "main" and g["phases"]["backward"]["diff_ms"] == pytest.approx((ours_ms - base_ms) / 2)
+    assert ctx["largest_change"]["config"] == "ours_sdpa"
+    assert ctx["largest_change"]["change s"] == pytest.approx(-0.12 * ours_ms / 1e3)
+    steps = ctx["tables"]["steps"].splitlines()[2:]
+    assert [line.split("|")[1].strip() for line in steps] == ["main", "main", "best", "best", "ablation", "ablation"]
+    text = _render(ctx, tmp_path / "report")
+    assert "(slower)" in text and "is `ours_fast` (attention sdpa, checkpoint the first 27 blocks" in text
+    assert "Tuning it at this shape" in text  # the largest change is SDPA for our attention, and it saves
+
+
+CUDNN_FPROP = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_128x128x128_4x1x1_kernel0_0"
+CUDNN_BPROP = "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_4_64x128x128_4x2x1_kernel0_0"
+
+
+@pytest.mark.parametrize(("name", "category", "family"), [
+    ("flash_forward_kernel", "compute", "attention forward"),
+    ("backward_kernel", "compute", "attention backward"),
+    ("backward_delta_kernel", "compute", "attention backward"),
+    (CUDNN_FPROP, "compute", "attention forward"),  # says wgmma too: attention is matched first
+    (CUDNN_BPROP, "compute", "attention backward"),
+    ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN", "compute", "matmuls"),
+    ("adamw_kernel", "compute", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda>", "compute", "other compute"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication", "communication"),
+    ("Memcpy DtoD (Device -> Device)", "memcpy", "copies"),
+])
+def test_kernel_families(name, category, family):
+    assert leaderboard.kernel_family(name, category) == family
+
+
+def _timeline(folder: Path, attention_fwd_ms: float, matmul_ms: float, cudnn: bool) -> None:
+    names = [CUDNN_FPROP if cudnn else "flash_forward_kernel", "nvjet_sm90_gemm", "ncclDevKernel_AllGather"]
+    events = {"name": [0, 1, 1, 2], "category": ["compute", "compute", "compute", "communication"],
+              "dur_us": [attention_fwd_ms * 1e3, matmul_ms * 400, matmul_ms * 600, 5e3],
+              "lane": [0, 0, 0, 1], "start_us": [0, 1, 2, 3], "busy_us": [0] * 4, "count": [1] * 4}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "timeline.json").write_text(json.dumps({"names": names, "events": events}))
+
+
+def test_kernel_table_and_the_gap_by_family(tmp_path):
+    ours_ms, base_ms = random.uniform(7000, 8000), random.uniform(6000, 7000)
+    fwd_ours, fwd_base, mm = random.uniform(1200, 1500), random.uniform(900, 1100), random.uniform(2000, 3000)
+    paths = [_point(tmp_path, "pytorch_parts", base_ms, variant="pytorch_parts"), _point(tmp_path, "ours", ours_ms)]
+    root = tmp_path / "results" / "leaderboard_step" / "main"
+    _timeline(root / "pytorch_parts", fwd_base, mm * 1.1, cudnn=True)
+    _timeline(root / "ours", fwd_ours, mm, cudnn=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = leaderboard.build(paths + [root / "pytorch_parts", root / "ours"], out, **GRID)
+    k = ctx["gap"]["kernels"]
+    assert k["attention forward"]["diff_ms"] == pytest.approx(fwd_ours - fwd_base)
+    assert k["matmuls"]["ours_ms"] == pytest.approx(mm) and k["matmuls"]["base_ms"] == pytest.approx(mm * 1.1)
+    assert k["communication"]["diff_ms"] == pytest.approx(0.0)
+    assert "attention forward ms" in ctx["tables"]["kernels"] and (out / "kernels.csv").is_file()
+    text = _render(ctx, tmp_path / "report")
+    assert f"attention forward {fwd_ours / 1e3:.3f} s in ours against {fwd_base / 1e3:.3f} s" in text
 
 
 def test_no_results_prints_the_plan_and_the_floor(tmp_path):

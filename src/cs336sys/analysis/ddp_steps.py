@@ -12,7 +12,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
 from cs336sys.analysis.ddp_model import Fit, exposed_time, fit_bucket_model, optimal_bucket_bytes
-from cs336sys.sizes import SIZES
+from cs336sys.sizes import SIZES, train_step_flops
 
 MIB = 2**20
 # PyTorch's DistributedDataParallel bucket_cap_mb default (cs336sys.distributed.experiments
@@ -89,8 +89,30 @@ def jobs(df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> dic
         result.append(job(g, size, dtype, out, fits) | {"backend": backend})
     short = [f"{j['size']}, {j['dtype']}" for j in result
              if j["answers"].get("buckets", {}).get("as_expected") is False]
+    for j in result:
+        j["missed"] = missed_note(j, result)
     return {"ddp_jobs": result, "ddp_figure": _sweep_figure(result, out), "ddp_bucketing_short": short,
             "ddp_targets": TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}}
+
+
+def missed_note(j: dict, result: list[dict]) -> dict | None:
+    """For a job that misses a target: how its no-communication step compares with the job of the same
+    dtype that computes fastest (more model work per ms), and its largest step-to-step spread. A step that
+    does less arithmetic in more time is limited by something other than the GPU's arithmetic."""
+    t = j["targets"]
+    missed = [name for name in ("bucketed", "overlap") if t.get(name, {}).get("ok") is False]
+    if not missed or j.get("none_tflops") is None:
+        return None
+    note: dict = {"targets": missed,
+                  "max_std_ms": max(p["std_ms"] for p in j["variants"].values() if p["status"] == "ok"),
+                  "tflops": j["none_tflops"]}
+    others = [o for o in result if o is not j and o["dtype"] == j["dtype"] and o.get("none_tflops")
+              and o["none_tflops"] > j["none_tflops"]]
+    if others:
+        o = max(others, key=lambda o: o["none_tflops"])
+        note.update(other=f"{o['size']}, {o['dtype']}", other_tflops=o["none_tflops"],
+                    flops_ratio=j["rank_flops"] / o["rank_flops"], time_ratio=j["none_ms"] / o["none_ms"])
+    return note
 
 
 def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict | None = None) -> dict:
@@ -122,6 +144,10 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
            "steps": int(g["steps"].iloc[0]), "warmup": int(g["warmup"].iloc[0])}
     if ctx["grad_bytes"]:
         ctx["grad_gib"] = ctx["grad_bytes"] / 2**30
+    if none is not None and size in SIZES:  # each rank's model work per step, at the no-communication pace
+        ctx["rank_flops"] = train_step_flops(size, ctx["batch_size"], ctx["context_length"])
+        ctx["none_ms"] = none["mean_ms"]
+        ctx["none_tflops"] = ctx["rank_flops"] / (none["mean_ms"] / 1e3) / 1e12
     ctx["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}", digits=2)
     ctx["targets"] = targets(by)
     ctx["answers"] = answers(by)

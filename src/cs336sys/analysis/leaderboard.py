@@ -17,6 +17,7 @@ attention / 2), forward plus a backward of twice the forward.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -45,6 +46,40 @@ def model_flops(size: str, batch: int, context: int) -> dict[str, float]:
             "attention_full": float(attention_full), "dense_params": float(dense_params)}
 
 
+# Kernel families, by name, tried in this order (cuDNN's attention kernels also say "wgmma", so attention
+# is matched before the matmuls). Ours: flash_forward_kernel, backward_kernel and backward_delta_kernel
+# (cs336sys.attention.flash_triton_*); SDPA's: cuDNN "sdpa ... fprop/bprop" or FlashAttention "flash_fwd/bwd".
+KERNEL_FAMILIES = (
+    ("attention forward", ("flash_forward_kernel", "sdpa_sm90_flash_fprop", "fprop", "flash_fwd", "fmha_fwd")),
+    ("attention backward", ("backward_kernel", "backward_delta_kernel", "bprop", "flash_bwd", "fmha_bwd")),
+    ("matmuls", ("nvjet", "gemm", "xmma", "cutlass", "wgmma")),
+    ("optimizer", ("adamw_kernel", "multi_tensor_apply", "fused_adam", "_fused_adamw")),
+)
+
+
+def kernel_family(name: str, category: str) -> str:
+    """A kernel's family for the breakdown: communication, memory copies, the families above, or
+    "other compute" (elementwise and reduction kernels: norms, activations, casts, the loss)."""
+    if category in ("communication", "memcpy", "memset"):
+        return {"communication": "communication"}.get(category, "copies")
+    lowered = name.lower()
+    for family, needles in KERNEL_FAMILIES:
+        if any(n.lower() in lowered for n in needles):
+            return family
+    return "other compute"
+
+
+def kernel_breakdown(summary: dict) -> dict[str, float]:
+    """Milliseconds of kernel time per family in one profiled step (`summarize_timeline`'s events:
+    every stream; collectives overlap compute, so the families do not add up to the step)."""
+    ev = summary["events"]
+    out: dict[str, float] = {}
+    for n, cat, dur in zip(ev["name"], ev["category"], ev["dur_us"], strict=True):
+        family = kernel_family(summary["names"][n], cat)
+        out[family] = out.get(family, 0.0) + dur / 1e3
+    return out
+
+
 def _describe(settings: dict) -> str:
     """A config's settings that differ from ours' defaults, in words."""
     if settings.get("variant") == "pytorch_parts":
@@ -63,6 +98,7 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
     row = {"job": job, "name": name, "variant": st.get("variant"), "status": r["status"], "reason": r.get("reason"),
            "setup": _describe(st)}
     phases = []
+    row["phase_device_ms"] = {}
     if r["status"] == "ok":
         world = m.get("world_size", world_size)
         flops = model_flops(st["size"], world * st.get("batch_per_rank", 1), st["context_length"])["total"]
@@ -75,30 +111,99 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
         for phase in PHASES:
             p = (m.get("phases") or {}).get(phase)
             if p:
+                row["phase_device_ms"][phase] = p.get("device_ms")
                 phases.append({"job": job, "config": name, "phase": phase.replace("_", " "),
                                "device ms": p.get("device_ms"), "host ms": p.get("host_ms")})
+        if m.get("communication_not_overlapped_ms") is not None:
+            phases.append({"job": job, "config": name, "phase": "communication no compute hid",
+                           "device ms": m["communication_not_overlapped_ms"], "host ms": None})
     return row, phases
 
 
+def _against_baseline(row: dict, ok: list[dict]) -> dict:
+    """A config of ours against the targets and against PyTorch's parts timed in the same job."""
+    out = {"job": row["job"], "config": row["name"], "setup": row["setup"], "step_s": row["step_s"],
+           "step_ok": row["step_s"] <= TARGET_STEP_S, "to_target_s": row["step_s"] - TARGET_STEP_S,
+           "wall_s": row["wall_s"], "wall_ok": row["wall_s"] is not None and row["wall_s"] <= TARGET_WALL_S,
+           "peak_gib": row["peak_gib"]}
+    base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == row["job"]), None)
+    if base is not None:
+        out.update(base_s=base["step_s"], base_peak_gib=base["peak_gib"], speedup=base["step_s"] / row["step_s"],
+                   speedup_ok=base["step_s"] / row["step_s"] >= TARGET_SPEEDUP)
+    return out
+
+
 def _verdict(rows: list[dict], floor_s: float | None) -> dict | None:
-    """Ours against the targets, and against PyTorch's parts timed in the same job (the first job that
-    has both; else ours alone, from the first job that has it)."""
+    """`ours` (the default config) against the targets and against PyTorch's parts timed in the same job
+    (the first job that has both; else `ours` alone, from the first job that has it)."""
     ok = [r for r in rows if r["status"] == "ok"]
     jobs = list(dict.fromkeys(r["job"] for r in ok))
-    pick = next((j for j in jobs if {"ours", "pytorch_parts"} <= {r["variant"] for r in ok if r["job"] == j}), None)
-    ours = next((r for r in ok if r["variant"] == "ours" and r["name"] == "ours" and r["job"] == (pick or r["job"])),
-                None)
+    pick = next((j for j in jobs if {"ours", "pytorch_parts"} <= {r["name"] for r in ok if r["job"] == j}), None)
+    ours = next((r for r in ok if r["name"] == "ours" and r["job"] == (pick or r["job"])), None)
     if ours is None:
         return None
-    verdict = {"job": ours["job"], "step_s": ours["step_s"], "step_ok": ours["step_s"] <= TARGET_STEP_S,
-               "wall_s": ours["wall_s"], "wall_ok": ours["wall_s"] is not None and ours["wall_s"] <= TARGET_WALL_S}
-    base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == ours["job"]), None)
-    if base is not None:
-        verdict.update(base_s=base["step_s"], speedup=base["step_s"] / ours["step_s"],
-                       speedup_ok=base["step_s"] / ours["step_s"] >= TARGET_SPEEDUP)
+    verdict = _against_baseline(ours, ok)
     if floor_s:
         verdict["over_floor"] = ours["step_s"] / floor_s
     return verdict
+
+
+def _best(rows: list[dict], floor_s: float | None) -> dict | None:
+    """The fastest config of ours that was timed in a job with PyTorch's parts, when it is not `ours`."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    with_base = {r["job"] for r in ok if r["variant"] == "pytorch_parts"}
+    candidates = [r for r in ok if r["variant"] == "ours" and r["job"] in with_base]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda r: r["step_s"])
+    if best["name"] == "ours":
+        return None
+    out = _against_baseline(best, ok)
+    if floor_s:
+        out["over_floor"] = best["step_s"] / floor_s
+    return out
+
+
+def _gap(rows: list[dict], verdict: dict | None) -> dict | None:
+    """Where ours loses to PyTorch's parts, in the job of the verdict: each phase's device time, and
+    the communication that no compute hid, from the profiled step of each."""
+    if not verdict or "base_s" not in verdict:
+        return None
+    job = verdict["job"]
+    ours = next(r for r in rows if r["job"] == job and r["name"] == verdict["config"])
+    base = next(r for r in rows if r["job"] == job and r["variant"] == "pytorch_parts")
+    phases = {}
+    for phase in ("forward", "backward"):
+        a, b = ours["phase_device_ms"].get(phase), base["phase_device_ms"].get(phase)
+        if a is not None and b is not None:
+            phases[phase] = {"ours_ms": a, "base_ms": b, "diff_ms": a - b}
+    return {"job": job, "phases": phases, "ours_exposed_comm_ms": ours.get("exposed_comm_ms"),
+            "base_exposed_comm_ms": base.get("exposed_comm_ms"),
+            "ours_optimizer_ms": ours["phase_device_ms"].get("optimizer_step")}
+
+
+def _kernels(paths: list[Path], rows: list[dict]) -> list[dict]:
+    """Each ok config's kernel time by family, from the timeline rendered beside its result."""
+    timelines = {(p.parent.name, p.name): p / "timeline.json" for p in paths if (p / "timeline.json").is_file()}
+    out = []
+    for r in rows:
+        path = timelines.get((r["job"], r["name"]))
+        if r["status"] == "ok" and path is not None:
+            out.append({"job": r["job"], "config": r["name"], "ms": kernel_breakdown(json.loads(path.read_text()))})
+    return out
+
+
+def _kernel_gap(kernels: list[dict], verdict: dict | None) -> dict | None:
+    """Ours against PyTorch's parts, family by family, in the verdict's job."""
+    if not verdict or "base_s" not in verdict:
+        return None
+    by = {(k["job"], k["config"]): k["ms"] for k in kernels}
+    ours, base = by.get((verdict["job"], verdict["config"])), by.get((verdict["job"], "pytorch_parts"))
+    if ours is None or base is None:
+        return None
+    families = sorted(set(ours) | set(base))
+    return {f: {"ours_ms": ours.get(f, 0.0), "base_ms": base.get(f, 0.0),
+                "diff_ms": ours.get(f, 0.0) - base.get(f, 0.0)} for f in families}
 
 
 def _ablation(rows: list[dict]) -> list[dict]:
@@ -109,8 +214,9 @@ def _ablation(rows: list[dict]) -> list[dict]:
         ours = next((r for r in ok if r["job"] == job and r["name"] == "ours"), None)
         if ours is None:
             continue
-        out += [{"job": job, "config": r["name"], "change from ours": r["setup"], "step s": r["step_s"],
-                 "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×", "peak GiB/GPU": r["peak_gib"]}
+        out += [{"job": job, "config": r["name"], "settings": r["setup"], "step s": r["step_s"],
+                 "change s": r["step_s"] - ours["step_s"], "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×",
+                 "peak GiB/GPU": r["peak_gib"]}
                 for r in ok if r["job"] == job and r["variant"] == "ours" and r is not ours]
     return out
 
@@ -141,7 +247,7 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     if not results:
         return ctx
     # jobs with the baseline first (the config's order does not survive the JSON of the rule's params)
-    order = sorted(ctx["jobs"], key=lambda j: ("pytorch_parts" not in ctx["jobs"][j], j))
+    order = sorted(ctx["jobs"], key=lambda j: ("pytorch_parts" not in ctx["jobs"][j], "ours" not in ctx["jobs"][j], j))
     results.sort(key=lambda t: (order.index(t[0]) if t[0] in order else len(order), t[0],
                                 ctx["jobs"].get(t[0], []).index(t[1]) if t[1] in ctx["jobs"].get(t[0], []) else 99))
     rows, phases = [], []
@@ -159,11 +265,28 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     ctx["tables"]["steps"] = save_table(pd.DataFrame(table), out, "steps", digits=3)
     if phases:
         ctx["tables"]["phases"] = save_table(pd.DataFrame(phases), out, "phases", digits=1)
+    kernels = _kernels(paths, rows)
+    if kernels:
+        ctx["kernels"] = kernels
+        columns = ["attention forward", "attention backward", "matmuls", "other compute", "optimizer", "communication"]
+        ctx["tables"]["kernels"] = save_table(pd.DataFrame(
+            [{"job": k["job"], "config": k["config"]} | {f"{c} ms": k["ms"].get(c, 0.0) for c in columns}
+             for k in kernels]), out, "kernels", digits=0)
     verdict = _verdict(rows, ctx.get("floor_s"))
     if verdict is not None:
         ctx["verdict"] = verdict
+        gap = _gap(rows, verdict)
+        if gap is not None:
+            kernel_gap = _kernel_gap(kernels, verdict)
+            if kernel_gap is not None:
+                gap["kernels"] = kernel_gap
+            ctx["gap"] = gap
+    best = _best(rows, ctx.get("floor_s"))
+    if best is not None:
+        ctx["best"] = best
     ablation = _ablation(rows)
     if ablation:
+        ctx["largest_change"] = min(ablation, key=lambda a: a["change s"])
         ctx["tables"]["ablation"] = save_table(pd.DataFrame(ablation), out, "ablation", digits=3)
     ctx["not_ok"] = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
                      for r in rows if r["status"] != "ok"]
