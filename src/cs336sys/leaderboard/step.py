@@ -23,8 +23,8 @@ Memory (8B, 2 ranks, bf16, per rank): fp32 master shard 16.2 GB, Adam m and v 32
 gradient shard 16.2 GB, bf16 copy 8.1 GB: 73 GB persistent. While building, every rank holds the
 whole fp32 model once (32.4 GB, built on the device with the seed, so every rank starts the same;
 BlockFSDP then broadcasts rank 0's) before it is sharded unit by unit (each unit's originals are
-freed as its shard is made): a build peak of 36.9 GB measured on an H200 (results/leaderboard_step),
-before any optimizer state exists.
+freed as its shard is made): an estimated peak of about 35 GB (not yet measured), before any
+optimizer state exists.
 """
 
 from __future__ import annotations
