@@ -120,12 +120,14 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
     return row, phases
 
 
-def _against_baseline(row: dict, ok: list[dict]) -> dict:
-    """A config of ours against the targets and against PyTorch's parts timed in the same job."""
+def _against_baseline(row: dict, ok: list[dict], floor_s: float | None) -> dict:
+    """A config of ours against the targets, the floor and PyTorch's parts timed in the same job."""
     out = {"job": row["job"], "config": row["name"], "setup": row["setup"], "step_s": row["step_s"],
            "step_ok": row["step_s"] <= TARGET_STEP_S, "to_target_s": row["step_s"] - TARGET_STEP_S,
            "wall_s": row["wall_s"], "wall_ok": row["wall_s"] is not None and row["wall_s"] <= TARGET_WALL_S,
            "peak_gib": row["peak_gib"]}
+    if floor_s:
+        out["over_floor"] = row["step_s"] / floor_s
     base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == row["job"]), None)
     if base is not None:
         out.update(base_s=base["step_s"], base_peak_gib=base["peak_gib"], speedup=base["step_s"] / row["step_s"],
@@ -142,10 +144,7 @@ def _verdict(rows: list[dict], floor_s: float | None) -> dict | None:
     ours = next((r for r in ok if r["name"] == "ours" and r["job"] == (pick or r["job"])), None)
     if ours is None:
         return None
-    verdict = _against_baseline(ours, ok)
-    if floor_s:
-        verdict["over_floor"] = ours["step_s"] / floor_s
-    return verdict
+    return _against_baseline(ours, ok, floor_s)
 
 
 def _best(rows: list[dict], floor_s: float | None) -> dict | None:
@@ -158,10 +157,7 @@ def _best(rows: list[dict], floor_s: float | None) -> dict | None:
     best = min(candidates, key=lambda r: r["step_s"])
     if best["name"] == "ours":
         return None
-    out = _against_baseline(best, ok)
-    if floor_s:
-        out["over_floor"] = best["step_s"] / floor_s
-    return out
+    return _against_baseline(best, ok, floor_s)
 
 
 def _gap(rows: list[dict], verdict: dict | None) -> dict | None:
