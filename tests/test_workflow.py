@@ -94,6 +94,19 @@ def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
     assert "'huge' is not one of" in text and "'small'" in text and "sizes" in text
 
 
+def test_a_leaderboard_config_checkpointing_more_blocks_than_the_model_has_is_named(repo_copy, tmp_path):
+    """The smoke grid's tiny model has 2 blocks: a config that checkpoints 27 of them (as the 8B's does)
+    fails before any job runs, naming the config, not as an error inside a 2-rank job."""
+    bad = tmp_path / "bad.yaml"
+    text = (repo_copy / "config.yaml").read_text()
+    bad.write_text(text.replace("ours_sdpa_checkpoint_27: {checkpoint_blocks: 1}",
+                                "ours_sdpa_checkpoint_27: {checkpoint_blocks: 27}", 1))
+    proc = snakemake(repo_copy, "-n", "--configfile", str(bad), "--config", "grid=smoke", check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "leaderboard.configs.ours_sdpa_checkpoint_27: checkpoint_blocks 27" in text and "(0..2)" in text
+
+
 def tree_digest(root: Path, *folders: str) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for f in folders for p in sorted((root / f).rglob("*"))
             if p.is_file()}

@@ -2,7 +2,15 @@
 # PyTorch's own parts. Each job of the grid runs its configs one after another on the same GPUs
 # (ratios are taken within a job); each point renders its profiled step's timeline beside it.
 
+from cs336sys.sizes import get_size  # noqa: E402  (no torch: the registry of model shapes)
+
 LB = GRID["leaderboard"]
+_layers = get_size(LB["size"]).num_layers
+for _name, _config in LB["configs"].items():
+    _k = _config.get("checkpoint_blocks")
+    if isinstance(_k, int) and not 0 <= _k <= _layers:
+        raise ValueError(f"leaderboard.configs.{_name}: checkpoint_blocks {_k} is not a number of blocks of "
+                         f"{LB['size']} (0..{_layers})")
 experiment_job("leaderboard_step", "", [], [])  # handled here even while the grid names no job
 
 for _job, _names in LB["jobs"].items():
@@ -23,5 +31,7 @@ for _job, _names in LB["jobs"].items():
 section(
     "leaderboard",
     results_of("leaderboard_step") + timings_of("leaderboard_step"),
-    extra={k: LB[k] for k in ("size", "context_length", "world_size", "compute_dtype", "peak_tflops", "configs", "jobs")},
+    extra={**{k: LB[k] for k in ("size", "context_length", "world_size", "compute_dtype", "peak_tflops", "configs", "jobs")},
+           # the shape our flash kernel's tiles were tuned at (the flash section's leaderboard benchmark)
+           "flash_tuned_at": {k: GRID["attention"]["leaderboard"][k] for k in ("d", "seq")}},
 )
