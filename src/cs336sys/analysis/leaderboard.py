@@ -63,8 +63,10 @@ KERNEL_FAMILIES = (
 def kernel_family(name: str, category: str) -> str:
     """A kernel's family for the breakdown: communication, memory copies, the families above, or
     "other compute" (elementwise and reduction kernels: norms, activations, casts, the loss)."""
-    if category in ("communication", "memcpy", "memset"):
-        return {"communication": "communication"}.get(category, "copies")
+    if category == "communication":
+        return "communication"
+    if category in ("memcpy", "memset"):
+        return "copies"
     lowered = name.lower()
     for family, needles in KERNEL_FAMILIES:
         if any(n.lower() in lowered for n in needles):
