@@ -58,3 +58,22 @@ def spawn_checks(worker, world: int, timeout_s: float = 120, pg_timeout_s: float
     per_rank = spawn(worker, world, seed, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)
     print(f"world {world}: {time.monotonic() - start:.1f} s")
     return world, per_rank
+
+
+def rerun_under_the_interpreter(test_file: str, deselect: str, timeout_s: float = 900) -> None:
+    """Run `test_file`'s tests again in a subprocess with TRITON_INTERPRET=1, minus those `-k` `deselect`
+    names; fail with its output unless every one it selects ran and passed.
+
+    Triton chooses between its interpreter and its compiler when it is first imported, so one process
+    cannot run a kernel both ways: the kernel tests of a file run in this subprocess (on CPU tensors),
+    and are skipped in the parent with a reason that names the test calling this.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", test_file, "-q", "-p", "no:cacheprovider", "-x", "-k", deselect]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]

@@ -18,7 +18,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import random_qkv, reference_attention, rel_err, run_experiment  # noqa: E402
+from conftest import (  # noqa: E402
+    random_qkv,
+    reference_attention,
+    rel_err,
+    rerun_under_the_interpreter,
+    run_experiment,
+)
 
 from cs336sys.attention.bench import run_flash_point, run_leaderboard_point  # noqa: E402
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles  # noqa: E402
@@ -39,12 +45,7 @@ interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the TRITON_
 def test_kernels_in_an_interpreter_process():
     if IN_INTERPRETER:
         pytest.skip("this process already interprets; the tests below run here")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x",
-           "-k", "not in_an_interpreter_process and not need_the_interpreter"]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+    rerun_under_the_interpreter(__file__, "not in_an_interpreter_process and not need_the_interpreter")
 
 
 def reference_grads(q, k, v, grad_out, is_causal):

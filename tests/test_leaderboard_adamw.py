@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import rerun_under_the_interpreter
 
 pytest.importorskip("triton")
 
@@ -33,12 +32,8 @@ SHAPES = [(3000,), (17, 33), (5,), (2, 3, 7)]  # one full 1024-block and partial
 def test_kernel_in_an_interpreter_process():
     if IN_INTERPRETER:
         pytest.skip("this process already interprets; the tests below run here")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x",
-           "-k", "not in_an_interpreter_process and not without_the_interpreter"]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+    rerun_under_the_interpreter(__file__, "not in_an_interpreter_process and not without_the_interpreter",
+                                timeout_s=600)
 
 
 def assert_close_in_ulps(got: torch.Tensor, want: torch.Tensor):

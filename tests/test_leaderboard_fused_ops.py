@@ -10,12 +10,10 @@ The GPU tests (bf16, the 8B's widths) skip without CUDA. Inputs are fresh random
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import spawn_checks
+from conftest import rerun_under_the_interpreter, spawn_checks
 from torch.func import functional_call
 
 pytest.importorskip("triton")
@@ -39,12 +37,8 @@ FP32_REL_TOL = 2e-6
 def test_kernels_in_an_interpreter_process():
     if IN_INTERPRETER:
         pytest.skip("this process already interprets; the tests below run here")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x",
-           "-k", "not in_an_interpreter_process and not without_the_interpreter and not on_the_gpu"]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+    rerun_under_the_interpreter(
+        __file__, "not in_an_interpreter_process and not without_the_interpreter and not on_the_gpu", timeout_s=600)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
