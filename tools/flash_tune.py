@@ -104,7 +104,8 @@ def check_candidates(d: int, forward: list, backward: list) -> None:
         try:  # a tile that needs more shared memory than the GPU has fails to compile: not timed
             out_t, lse_t = fwd.flash_forward(q, k, v, True, t)
             record(phase="check", kernel="forward", d=d, tiles=str(t), err=rel_err(out_t, ref))
-            out, lse = (out_t, lse_t) if out is None else (out, lse)
+            if out is None:  # the first candidate that runs gives the backward its O and L
+                out, lse = out_t, lse_t
         except Exception as exc:  # any failure marks the candidate; the sweep goes on
             record(phase="check", kernel="forward", d=d, tiles=str(t), err=float("nan"), error=repr(exc)[:300])
     for c in backward:

@@ -90,6 +90,10 @@ def _rows(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _warps(block: int) -> int:
+    return 8 if block >= 2048 else 4
+
+
 def _backward_programs(n_rows: int, device: torch.device) -> int:
     """Enough programs to fill the GPU several times over; each writes one (d,) partial dw."""
     if device.type == "cuda":
@@ -124,10 +128,6 @@ class _RMSNormFunction(torch.autograd.Function):
                                               rows.stride(0), dx.stride(0), triton.cdiv(n_rows, programs),
                                               BLOCK_D=block, num_warps=_warps(block))
         return dx.view(ctx.x_shape), partial.sum(0).to(weight.dtype), None
-
-
-def _warps(block: int) -> int:
-    return 8 if block >= 2048 else 4
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
