@@ -4,7 +4,8 @@ references of the model's own math and against `cs336sys.model.TransformerBlock`
 As in test_leaderboard_adamw.py: the first test re-runs this file with TRITON_INTERPRET=1, where the
 kernels run on CPU tensors (float32: the interpreter's bf16 is not the GPU's); in this process the
 functions take the model's torch ops, and the interpreter-only tests are skipped with that reason.
-The GPU tests (bf16, the 8B's widths) skip without CUDA. Inputs are fresh random tensors each run.
+On a GPU the same fp32 kernel tests also run compiled, on CUDA tensors, and the bf16 tests at the 8B's
+widths run there; without CUDA they skip. Inputs are fresh random tensors each run.
 """
 
 from __future__ import annotations
@@ -27,8 +28,22 @@ from cs336sys.model import RotaryEmbedding, TransformerBlock  # noqa: E402
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1" and fused_ops.kernels_interpreted()
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess "
                                  "of test_kernels_in_an_interpreter_process")
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+needs_gpu = pytest.mark.skipif(not ON_GPU,
                                reason="needs a CUDA GPU (none visible) and compiled kernels (no TRITON_INTERPRET)")
+kernels_run = pytest.mark.skipif(not (IN_INTERPRETER or ON_GPU), reason="runs where the kernels run: in the "
+                                 "TRITON_INTERPRET=1 subprocess of test_kernels_in_an_interpreter_process, or "
+                                 "compiled on a CUDA GPU (none visible)")
+
+
+@pytest.fixture
+def kernel_device():
+    """The kernel tests' tensors: CPU tensors under the interpreter, CUDA tensors (compiled kernels) on a GPU."""
+    if ON_GPU and not IN_INTERPRETER:
+        with torch.device("cuda"):
+            yield
+    else:
+        yield
 
 # float32 kernels against float64: a few ulps of float32 through a sum over d (RMSNorm) or none.
 FP32_REL_TOL = 2e-6
@@ -64,7 +79,8 @@ def run_both(fn, ref, inputs: list[torch.Tensor], extra=(), dtype=None):
 # --------------------------------------------------------------------------------- interpreter
 
 
-@interpreted
+@kernels_run
+@pytest.mark.usefixtures("kernel_device")
 @pytest.mark.parametrize("shape", [(14, 48), (2, 7, 100), (1, 64), (3, 5, 33)])
 def test_rms_norm_matches_float64(fresh_seed, shape):
     x = torch.randn(shape) * 3
@@ -76,7 +92,8 @@ def test_rms_norm_matches_float64(fresh_seed, shape):
         assert rel(got, ref) < 5 * FP32_REL_TOL * shape[-1] ** 0.5
 
 
-@interpreted
+@kernels_run
+@pytest.mark.usefixtures("kernel_device")
 def test_rms_norm_backward_of_a_strided_gradient(fresh_seed):
     x, weight = leaves(torch.randn(6, 40), torch.randn(40))
     ref_x, ref_w = leaves(x, weight)
@@ -86,7 +103,8 @@ def test_rms_norm_backward_of_a_strided_gradient(fresh_seed):
     assert rel(x.grad, ref_x.grad.double()) < 1e-5 and rel(weight.grad, ref_w.grad.double()) < 1e-5
 
 
-@interpreted
+@kernels_run
+@pytest.mark.usefixtures("kernel_device")
 @pytest.mark.parametrize("shape", [(3000,), (17, 33), (2, 3, 7)])
 def test_silu_gate_matches_float64(fresh_seed, shape):
     a, b = torch.randn(shape) * 4, torch.randn(shape)
@@ -96,7 +114,8 @@ def test_silu_gate_matches_float64(fresh_seed, shape):
         assert rel(got, ref) < 4 * FP32_REL_TOL
 
 
-@interpreted
+@kernels_run
+@pytest.mark.usefixtures("kernel_device")
 @pytest.mark.parametrize("batch,heads,seq,d_head", [(2, 3, 37, 6), (1, 2, 64, 16), (1, 1, 5, 10)])
 def test_rotary_matches_float64_and_keeps_the_layout(fresh_seed, batch, heads, seq, d_head):
     rope = RotaryEmbedding(10000.0, d_head, max_seq_len=seq + 9)
@@ -117,7 +136,8 @@ def test_rotary_matches_float64_and_keeps_the_layout(fresh_seed, batch, heads, s
     torch.testing.assert_close(out, rope(x.detach(), torch.arange(seq)), rtol=1e-6, atol=1e-6)
 
 
-@interpreted
+@kernels_run
+@pytest.mark.usefixtures("kernel_device")
 def test_rotary_gradient_is_in_the_input_layout(fresh_seed):
     """dx has the strides of the head-split view it came from, so it flows back into the projection's
     (batch, seq, d_model) gradient without a copy."""
@@ -145,7 +165,8 @@ def _block_against_module(block: TransformerBlock, x: torch.Tensor):
     return out, want, grads
 
 
-@interpreted
+@kernels_run
+@pytest.mark.usefixtures("kernel_device")
 def test_fused_block_matches_the_module(fresh_seed):
     block = _tiny_block()
     for p in block.parameters():  # RMSNorm weights away from 1, so a dropped weight shows
