@@ -215,28 +215,34 @@ def silu_gate(a: Tensor, b: Tensor) -> Tensor:
 def rotary_kernel(X, COS, SIN, Y, heads, seq, half, sx_b, sx_h, sx_s, sx_d, sy_b, sy_h, sy_s, sy_d, sign,
                   BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """Rotate the pairs (x[2i], x[2i+1]) of BLOCK_S positions of one (batch, head) by `sign` times
-    their angle (+1: the forward; -1: the backward, whose gradient is the inverse rotation)."""
-    bh = tl.program_id(1)
+    their angle (+1: the forward; -1: the backward, whose gradient is the inverse rotation).
+
+    Whole rows of d_head are loaded and stored (contiguous, vectorised when x's last stride is 1),
+    split into even and odd elements in registers. The heads of one block of positions are
+    neighbouring programs, so the cos and sin rows they share are read from L2.
+    """
+    bh = tl.program_id(0)
     b = (bh // heads).to(tl.int64)
     h = (bh % heads).to(tl.int64)
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    pos = tl.program_id(1).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     pair = tl.arange(0, BLOCK_HALF)
-    mask = (pos[:, None] < seq) & (pair[None, :] < half)
-    x_at = X + b * sx_b + h * sx_h + pos[:, None] * sx_s + (2 * pair[None, :]) * sx_d
-    x_even = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
-    x_odd = tl.load(x_at + sx_d, mask=mask, other=0.0).to(tl.float32)
+    cols = tl.arange(0, 2 * BLOCK_HALF)
+    in_seq = pos[:, None] < seq
     table = pos[:, None] * half + pair[None, :]
-    cos = tl.load(COS + table, mask=mask, other=0.0)
-    sin = tl.load(SIN + table, mask=mask, other=0.0) * sign
-    y_at = Y + b * sy_b + h * sy_h + pos[:, None] * sy_s + (2 * pair[None, :]) * sy_d
-    tl.store(y_at, (x_even * cos - x_odd * sin).to(Y.dtype.element_ty), mask=mask)
-    tl.store(y_at + sy_d, (x_even * sin + x_odd * cos).to(Y.dtype.element_ty), mask=mask)
+    cos = tl.load(COS + table, mask=in_seq & (pair[None, :] < half), other=0.0)
+    sin = tl.load(SIN + table, mask=in_seq & (pair[None, :] < half), other=0.0) * sign
+    mask = in_seq & (cols[None, :] < 2 * half)
+    x = tl.load(X + b * sx_b + h * sx_h + pos[:, None] * sx_s + cols[None, :] * sx_d, mask=mask, other=0.0)
+    x_even, x_odd = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_S, BLOCK_HALF, 2)))
+    y = tl.reshape(tl.join(x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), (BLOCK_S, 2 * BLOCK_HALF))
+    tl.store(Y + b * sy_b + h * sy_h + pos[:, None] * sy_s + cols[None, :] * sy_d, y.to(Y.dtype.element_ty),
+             mask=mask)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, sign: float) -> Tensor:
     batch, heads, seq, d = x.shape
     half = d // 2
-    grid = (triton.cdiv(seq, ROPE_BLOCK_SEQ), batch * heads)
+    grid = (batch * heads, triton.cdiv(seq, ROPE_BLOCK_SEQ))
     rotary_kernel[grid](x, cos, sin, out, heads, seq, half, *x.stride(), *out.stride(), sign,
                         BLOCK_S=ROPE_BLOCK_SEQ, BLOCK_HALF=triton.next_power_of_2(half))
     return out
