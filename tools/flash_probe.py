@@ -236,8 +236,9 @@ def kernels() -> None:
 
 def backward() -> None:
     """The whole backward (launch layouts as the table has them) and the leaderboard measurement."""
-    from cs336sys.attention.bench import run_leaderboard_point
+    from cs336sys.attention.bench import LeaderboardSettings, run_leaderboard_point
     from cs336sys.attention.flash_configs import BackwardConfig
+    from cs336sys.jobs import Run
 
     layouts = {"split": BackwardConfig(64, 64, 64, 64, 4, 3, fused=False),
                "fused": BackwardConfig(64, 64, 64, 64, 4, 3, fused=True)}
@@ -251,7 +252,8 @@ def backward() -> None:
         free_device_memory()
     for rep in range(2):
         for impl in ("ours", "sdpa_cudnn", "sdpa_flash"):
-            record(phase="leaderboard", impl=impl, rep=rep, **run_leaderboard_point({"device": "cuda", "impl": impl}))
+            metrics = run_leaderboard_point(LeaderboardSettings(impl=impl), Run(device="cuda"))
+            record(phase="leaderboard", impl=impl, rep=rep, **metrics)
             free_device_memory()
 
 

@@ -28,6 +28,8 @@ from cs336sys.attention.flash_triton import flash_causal_attention
 from cs336sys.leaderboard import fused_ops
 from cs336sys.leaderboard.fused_block import fused_block_forward
 from cs336sys.model import RotaryEmbedding, TransformerBlock
+from cs336sys.profiling.kernels import kernel_tables
+from cs336sys.profiling.trace import record_trace
 from cs336sys.sizes import get_size
 
 OUT = Path(".")
@@ -109,12 +111,27 @@ def time_block(attention: str, tokens: int) -> None:
     with torch.no_grad():
         record(what="check", op=f"block/{attention}", forward_err=rel(fused(*leaves), plain(*leaves)))
     grad = torch.randn_like(x)
-    for label, fn in (("fused", fused), ("module", plain)):
+    # each way twice, in the order fused, module, module, fused: a drift of the clock shows as a
+    # difference between a way's two rows
+    for rep, (label, fn) in enumerate([("fused", fused), ("module", plain), ("module", plain), ("fused", fused)]):
         if DEVICE.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         both = bench(partial(forward_backward, fn, leaves, grad))
         peak = torch.cuda.max_memory_allocated() / 1e9 if DEVICE.type == "cuda" else None
-        record(what="time", op=f"block/{attention}", impl=label, forward_backward_ms=both, peak_gb=peak)
+        record(what="time", op=f"block/{attention}", impl=label, rep=rep // 2, forward_backward_ms=both, peak_gb=peak)
+    for label, fn in (("fused", fused), ("module", plain)):
+        profile_block(f"block/{attention}", label, partial(forward_backward, fn, leaves, grad))
+
+
+def profile_block(op: str, label: str, step) -> None:
+    """One forward+backward under torch.profiler (cs336sys.profiling): GPU time by kernel class and
+    the largest kernels, identical names summed."""
+    table = kernel_tables(record_trace(step, steps=1, warmup=1, device=DEVICE), {"step": ["step"]}, top=14)
+    scope = table["scopes"]["step"]
+    record(what="profile", op=op, impl=label, device_ms=scope["device_us"] / 1e3,
+           by_class_ms={k: round(v / 1e3, 3) for k, v in scope["by_class"].items()},
+           kernels=[{"name": r["short_name"], "class": r["class"], "calls": r["calls"],
+                     "ms": round(r["total_us"] / 1e3, 3)} for r in scope["top"]])
 
 
 def block(tokens: int) -> None:
