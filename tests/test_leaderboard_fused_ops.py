@@ -45,6 +45,8 @@ def kernel_device():
     else:
         yield
 
+BF16_UNIT_ROUNDOFF = 2.0**-8  # half of bf16's spacing (8 significant bits) relative to the value
+
 # float32 kernels against float64: a few ulps of float32 through a sum over d (RMSNorm) or none.
 FP32_REL_TOL = 2e-6
 
@@ -70,9 +72,9 @@ def run_both(fn, ref, inputs: list[torch.Tensor], extra=(), dtype=None):
     ours, refs = leaves(*inputs), [t.detach().double().requires_grad_() for t in inputs]
     out = fn(*ours, *extra)
     want = ref(*refs, *extra)
-    grad = torch.randn_like(want)
-    out.backward(grad.to(out.dtype))
-    want.backward(grad)
+    grad = torch.randn_like(want).to(out.dtype)  # one upstream gradient, exact in both precisions
+    out.backward(grad)
+    want.backward(grad.double())
     return (out, want), [(a.grad, b.grad) for a, b in zip(ours, refs, strict=True)]
 
 
@@ -246,9 +248,11 @@ def _error_against_float64(fn, ref, inputs, extra=()):
 @needs_gpu
 @pytest.mark.parametrize("name", ["rms_norm", "silu_gate", "rotary"])
 @pytest.mark.usefixtures("fresh_seed")
-def test_bf16_kernels_on_the_gpu_are_as_accurate_as_the_models_ops(name):
-    """At the 8B's widths (d_model 4096, d_ff 11008, d_head 128) in bf16: the fused kernels' error
-    against float64 is no larger than the model's torch ops' (which round after every op)."""
+def test_bf16_kernels_on_the_gpu_round_once(name):
+    """At the 8B's widths (d_model 4096, d_ff 11008, d_head 128) in bf16: each output and gradient of a
+    fused kernel is float64's value rounded once to bf16 (fp32 arithmetic inside), so its error is
+    within bf16's unit roundoff 2^-8 of the largest value. The model's ops, which round after some
+    of their ops, are printed beside it: their error is about the same or larger, by the op."""
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     if name == "rms_norm":
         inputs, extra = [torch.randn(2048, 4096, **bf16), torch.randn(4096, **bf16)], (1e-5,)
@@ -263,5 +267,6 @@ def test_bf16_kernels_on_the_gpu_are_as_accurate_as_the_models_ops(name):
         fn, ref = rotary, fused_ops.rotary_reference
     ours = _error_against_float64(fn, ref, inputs, extra)
     model_ops = _error_against_float64(ref, ref, inputs, extra)
-    print(f"{name}: fused {ours:.2e}, model's ops {model_ops:.2e} (largest error / largest value)")
-    assert ours <= 1.05 * model_ops and ours < 2e-2
+    print(f"{name}: fused {ours:.2e}, model's ops {model_ops:.2e} (largest error / largest value; "
+          f"one bf16 rounding: {BF16_UNIT_ROUNDOFF:.2e})")
+    assert ours <= 1.02 * BF16_UNIT_ROUNDOFF
