@@ -12,6 +12,8 @@ Phases:
   lb26         the 2026 leaderboard's attention (batch 1, 32 heads, seq 32,768, d 128, bf16, causal:
                the 8B step's shape): the wider d=128 candidates (WIDE_128) checked, then each kernel
                timed alone, then ours with the table's tiles against SDPA's cuDNN and flash backends
+  lb26_kinds   the same shape: the split backward's two launches (dQ programs, dK/dV programs) each
+               timed alone over its own tiles and warps (does either kind want other tiles?)
 Every measurement is appended to DIR/tune.jsonl; a short table is printed last.
 """
 
@@ -61,6 +63,15 @@ WIDE_128 = {
                  B(64, 128, 128, 64, 8, 3, fused=True), B(128, 128, 128, 128, 8, 2, fused=False)],
 }
 LB26 = ("lb26", 32, 32768, 128)
+
+# Each launch of the split backward alone at lb26: (block_m, block_n, warps, stages). dQ programs: query
+# rows per program x keys per step; dK/dV programs: query rows per step x keys per program.
+KIND_TILES = {
+    "dq": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 8, 3), (128, 32, 8, 4), (64, 64, 8, 3), (64, 64, 4, 3),
+           (64, 32, 8, 3), (64, 32, 4, 3), (128, 128, 8, 2)],
+    "dkdv": [(64, 128, 8, 3), (64, 128, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3), (32, 128, 8, 3),
+             (16, 128, 8, 3), (64, 64, 8, 3), (32, 64, 8, 3)],
+}
 
 
 def run_flash_point(settings: dict) -> dict:
@@ -135,6 +146,62 @@ def check_candidates(d: int, forward: list, backward: list) -> None:
     for r in LOG:
         if r.get("phase") == "check" and not r["err"] < 2e-2:  # NaN fails too
             FAILED.add((r["kernel"], r["d"], r["tiles"]))
+
+
+def launch_kind(kind: str, tiles: tuple, q, k, v, o, lse, do, delta, dq, dk, dv) -> None:
+    """One launch of the split backward: the dQ programs (which also store D) or the dK/dV programs."""
+    bm, bn, warps, stages = tiles
+    bh, seq, d = q.shape
+    sm_scale = d**-0.5
+    kv, qt = ((64, 128), (bm, bn)) if kind == "dq" else ((bm, bn), (128, 64))  # the other kind's: unused
+    count = triton.cdiv(seq, bm if kind == "dq" else bn)
+    bwd.backward_kernel[(count, bh)](
+        q, k, v, o, do, lse, delta, dq, dk, dv, seq, seq, sm_scale * bwd.LOG2E, sm_scale, HEAD_DIM=d,
+        IS_CAUSAL=True, PROGRAMS=kind, BLOCK_M_KV=kv[0], BLOCK_N_KV=kv[1], BLOCK_M_Q=qt[0], BLOCK_N_Q=qt[1],
+        EVEN_M_KV=seq % kv[0] == 0, EVEN_N_KV=seq % kv[1] == 0, EVEN_M_Q=seq % qt[0] == 0,
+        EVEN_N_Q=seq % qt[1] == 0, DELTA_FROM_O=kind == "dq", num_warps=warps, num_stages=stages)
+
+
+def lb26_kinds() -> None:
+    """The split backward's two kinds of launch, each over its own tiles, checked then timed alone."""
+    q, k, v, do = inputs(2, 1024, 128)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    naive_attention(q64, k64, v64, True).backward(do.double())
+    o, lse = fwd.flash_forward(q, k, v, True, T(128, 64, 8, 3))
+    for kind, candidates in KIND_TILES.items():
+        for tiles in candidates:
+            label = f"{kind}/{tiles[0]}x{tiles[1]}/w{tiles[2]}/s{tiles[3]}"
+            delta, grads = torch.empty_like(lse), [torch.zeros_like(t) for t in (q, k, v)]
+            try:
+                if kind == "dkdv":  # D from the reference dQ launch first
+                    launch_kind("dq", KIND_TILES["dq"][0], q, k, v, o, lse, do, delta, *grads)
+                launch_kind(kind, tiles, q, k, v, o, lse, do, delta, *grads)
+                pairs = [(grads[0], q64)] if kind == "dq" else [(grads[1], k64), (grads[2], v64)]
+                record(phase="check", kernel=kind, d=128, tiles=label, err=max(rel_err(g, r.grad) for g, r in pairs))
+            except Exception as exc:
+                record(phase="check", kernel=kind, d=128, tiles=label, err=float("nan"), error=repr(exc)[-300:])
+    failed = {r["tiles"] for r in LOG if r.get("phase") == "check" and not r["err"] < 2e-2}
+    print(f"failing the float64 check (not timed): {sorted(failed)}", flush=True)
+    name, bh, seq, d = LB26
+    q, k, v, do = inputs(bh, seq, d)
+    o, lse = fwd.flash_forward(q, k, v, True, T(256, 64, 8, 3))
+    delta, grads = torch.empty_like(lse), [torch.empty_like(t) for t in (q, k, v)]
+    launch_kind("dq", KIND_TILES["dq"][0], q, k, v, o, lse, do, delta, *grads)
+    flops = attention_flops(bh, seq, seq, d, True)["forward"]  # one tile product over the causal half
+    products = {"dq": 3, "dkdv": 4}
+    for kind, candidates in KIND_TILES.items():
+        for tiles in candidates:
+            label = f"{kind}/{tiles[0]}x{tiles[1]}/w{tiles[2]}/s{tiles[3]}"
+            if label in failed:
+                continue
+            ms = bench(partial(launch_kind, kind, tiles, q, k, v, o, lse, do, delta, *grads))
+            record(phase="kinds", shape=name, kernel=kind, tiles=label, ms=ms,
+                   tflops=products[kind] / 2 * flops / ms / 1e9)
+    for kind in KIND_TILES:
+        rows = sorted((r for r in LOG if r.get("phase") == "kinds" and r["kernel"] == kind), key=lambda r: r["ms"])
+        print(f"\n== lb26 {kind} launch alone, fastest first")
+        for r in rows:
+            print(f"  {r['tiles']:24s} {r['ms']:8.3f} ms {r['tflops']:5.0f} TFLOP/s (tile products)")
 
 
 def lb26() -> None:
@@ -330,7 +397,7 @@ def main() -> None:
            triton=triton.__version__, cuda=torch.version.cuda)
     print(LOG[-1], flush=True)
     phases = {"ceilings": ceilings, "sweep": sweep, "compare": compare, "leaderboard": leaderboard,
-              "grid": grid, "lb_backward": leaderboard_backward, "lb26": lb26}
+              "grid": grid, "lb_backward": leaderboard_backward, "lb26": lb26, "lb26_kinds": lb26_kinds}
     for name in args.phases.split(","):
         start = time.perf_counter()
         try:
