@@ -162,6 +162,11 @@ def launch_kind(kind: str, tiles: tuple, q, k, v, o, lse, do, delta, dq, dk, dv)
         EVEN_N_Q=seq % qt[1] == 0, DELTA_FROM_O=kind == "dq", num_warps=warps, num_stages=stages)
 
 
+def kind_label(kind: str, tiles: tuple) -> str:
+    bm, bn, warps, stages = tiles
+    return f"{kind}/{bm}x{bn}/w{warps}/s{stages}"
+
+
 def lb26_kinds() -> None:
     """The split backward's two kinds of launch, each over its own tiles, checked then timed alone."""
     q, k, v, do = inputs(2, 1024, 128)
@@ -170,7 +175,7 @@ def lb26_kinds() -> None:
     o, lse = fwd.flash_forward(q, k, v, True, T(128, 64, 8, 3))
     for kind, candidates in KIND_TILES.items():
         for tiles in candidates:
-            label = f"{kind}/{tiles[0]}x{tiles[1]}/w{tiles[2]}/s{tiles[3]}"
+            label = kind_label(kind, tiles)
             delta, grads = torch.empty_like(lse), [torch.zeros_like(t) for t in (q, k, v)]
             try:
                 if kind == "dkdv":  # D from the reference dQ launch first
@@ -191,7 +196,7 @@ def lb26_kinds() -> None:
     products = {"dq": 3, "dkdv": 4}
     for kind, candidates in KIND_TILES.items():
         for tiles in candidates:
-            label = f"{kind}/{tiles[0]}x{tiles[1]}/w{tiles[2]}/s{tiles[3]}"
+            label = kind_label(kind, tiles)
             if label in failed:
                 continue
             ms = bench(partial(launch_kind, kind, tiles, q, k, v, o, lse, do, delta, *grads))
