@@ -2,11 +2,14 @@
 
     python -m cs336sys.report md --sections results/sections/* --templates writeup/templates --out writeup/report.md
     python -m cs336sys.report pdf writeup/report.md --out writeup/report.pdf
+    python -m cs336sys.report pages writeup/report.md --out /tmp/pages   # each page as a PNG, to look at
 
-Templates see every section's context.json under `sections[<name>]`, `section_order` (the
-registry's report order, `cs336sys.registry.SECTIONS`), `problems` (coverage of every assignment
-problem), `grid` ("main", or "smoke" for the CPU smoke grid's report), a filter `num(x, digits)` and
-a function `fig(section, name)` (a figure's path relative to the report).
+Templates see every section's context.json under `sections[<name>]`, `section_order` (the registry's
+report order), `overview` (the machines, software, commits and dates of all results), `deliverables`
+(`cs336sys.deliverables`), `pins` (results kept across a code change, `workflow/pins.yaml`), `grid`
+("main", or "smoke" for the CPU smoke grid's report), a filter `num(x, digits)`, `fig(section, name)` and
+`csv(section, name)` (a file's path relative to the report), and the cross-reference helpers of
+`cs336sys.writeup.markup`: `table`, `figure`, `ref`, `answers`, and the markers `TOC`, `INDEX`, `APPENDIX`.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import jinja2
 
 from cs336sys.io import write_atomic
-from cs336sys.registry import PROBLEMS, SECTIONS
+from cs336sys.registry import SECTIONS
+from cs336sys.writeup import markup
+from cs336sys.writeup.layout import MARGIN_X_CM, TEXT_WIDTH_CM  # noqa: F401  (the tests read them here)
+from cs336sys.writeup.typst import render_pages, render_pdf
 
 
 def _num(value, digits: int = 2) -> str:
@@ -32,112 +37,73 @@ def _num(value, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _built(context: dict | None) -> bool:
-    """A section's context holds what it computed (beyond its environment and result counts)."""
-    return bool(context) and any(v for k, v in context.items() if k not in ("env", "result_counts"))
+def overview(contexts: dict[str, dict]) -> dict:
+    """What every section's results were measured on, written once for the title block: each machine with
+    the sections it ran, the software versions, commits, dates and point counts over all results."""
+    machines: dict[str, list[str]] = {}
+    software: dict[str, set[str]] = {}
+    commits: set[str] = set()
+    dates: set[str] = set()
+    status: dict[str, int] = {}
+    for name in SECTIONS:
+        env = contexts.get(name, {}).get("env") or {}
+        if not env:
+            continue
+        for machine in env.get("machines") or [env.get("device", "unknown")]:
+            machines.setdefault(machine, []).append(SECTIONS[name].title)
+        for key in ("torch", "triton", "cuda", "driver", "python"):
+            software.setdefault(key, set()).update(v.strip() for v in str(env.get(key, "")).split(",")
+                                                   if v.strip() and v.strip() not in ("none", "n/a"))
+        commits.update(env.get("commits", []))
+        dates.update(d for d in (env.get("first_date"), env.get("last_date")) if d)
+        for k, v in env.get("status_counts", {}).items():
+            status[k] = status.get(k, 0) + v
+    first, last = (min(dates), max(dates)) if dates else ("", "")
+    return {"machines": [{"machine": m, "sections": s} for m, s in machines.items()],
+            "software": {k: sorted(v) for k, v in software.items() if v}, "commits": sorted(commits),
+            "dates": first if first == last else f"{first} to {last}", "points": sum(status.values()),
+            "status_counts": status}
 
 
-def coverage(contexts: dict[str, dict]) -> list[dict]:
-    """One row per assignment problem: where its results are, or that there are none yet."""
-    counts: dict[str, int] = {}
-    for ctx in contexts.values():
-        # sections that read the same experiment (ddp and accounting both read the all-reduce
-        # results) count the same files: the most any section read, not the sum
-        for problem, n in ctx.get("result_counts", {}).items():
-            counts[problem] = max(counts.get(problem, 0), n)
-    rows = []
-    for p in PROBLEMS:
-        n = sum(counts.get(r, 0) for r in p.experiments)
-        rows.append({"number": p.number, "name": p.name, "edition": p.edition, "section": p.section,
-                     "points": n, "has_results": n > 0 or (p.derived and _built(contexts.get(p.section))),
-                     "derived": p.derived})
-    return rows
+def index_table(doc: markup.Document, editions_of: dict | None = None) -> str:
+    """The deliverables index: every problem part of both handouts -> the heading that answers it."""
+    from cs336sys.deliverables import DELIVERABLES
+
+    rows = ["| problem | part | edition | what is asked | answered in |", "|:---|:---|:---|:---|:---|"]
+    for d in DELIVERABLES:
+        h = doc.answered.get(d.key)
+        where = f"[{h.text}](#{h.anchor})" if h else "not answered"
+        editions = " and ".join(d.editions)
+        rows.append(f"| `{d.problem}` | {d.part or '-'} | {editions} | {d.ask} | {where} |")
+    return "\n".join(rows)
 
 
-def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: str = "main") -> str:
+def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: str = "main",
+                    pins: list[dict] | None = None) -> str:
     contexts = {d.name: json.loads((d / "context.json").read_text()) for d in section_dirs}
     unknown = set(contexts) - set(SECTIONS)
     if unknown:
         raise ValueError(f"section directories {sorted(unknown)} are not sections of cs336sys.registry")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             extensions=["jinja2.ext.do"])
     env.filters["num"] = _num
     dirs = {d.name: d for d in section_dirs}
 
     def fig(section: str, name: str) -> str:
         return os.path.relpath(dirs[section] / name, out.parent)
 
-    env.globals["fig"] = fig
+    from cs336sys.deliverables import DELIVERABLES
+
+    env.globals.update(fig=fig, csv=fig, table=markup.table, figure=markup.figure, ref=markup.ref,
+                       answers=markup.answers, TOC=markup.TOC, INDEX=markup.INDEX, APPENDIX=markup.APPENDIX)
     order = [name for name in SECTIONS if name in contexts]
-    text = env.get_template("report.md.j2").render(sections=contexts, section_order=order,
-                                                   problems=coverage(contexts), grid=grid)
+    text = env.get_template("report.md.j2").render(
+        sections=contexts, section_order=order, grid=grid, overview=overview(contexts),
+        deliverables=DELIVERABLES, pins=pins or [])
+    text, _ = markup.render(text, index=index_table)
     write_atomic(out, text)
     return text
-
-
-# The printed page: A4, the body in 10 pt, tables in 9 pt. Figures are made exactly TEXT_WIDTH_CM wide
-# (cs336sys.analysis.common) and set at the text width, so their font sizes are their printed sizes.
-PAPER = "a4"
-PAGE_WIDTH_CM = 21.0
-MARGIN_X_CM = 2.0
-MARGIN_Y_CM = 2.2
-TEXT_WIDTH_CM = PAGE_WIDTH_CM - 2 * MARGIN_X_CM
-BODY_PT = 10
-TABLE_PT = 9
-KEEP_TOGETHER_CM = 9  # a table at most this tall is not split across pages
-
-# pandoc's typst template takes the page and body font from these variables (its `conf` function
-# sets them, so `#set page`/`#set text` before the template would be overridden).
-_PAGE_METADATA = json.dumps({"papersize": PAPER, "fontsize": f"{BODY_PT}pt",
-                             "margin": {"x": f"{MARGIN_X_CM}cm", "y": f"{MARGIN_Y_CM}cm"}})
-# Typst rules placed after the template's own (`--include-before-body`), so they win over its
-# `#set table(inset: 6pt)` and its justified paragraphs.
-_STYLE = f"""\
-// Tables: one size smaller than the body, ragged lines, no hyphenation (no "ea-ger" in a cell).
-// pandoc gives gfm pipe tables no widths (`columns: N`), so every column is as wide as its content;
-// the sections keep tables narrow enough to fit (wide ones go to a CSV file the report links).
-#show table: set text(size: {TABLE_PT}pt, hyphenate: false)
-#show table: set par(justify: false)
-#set table(inset: (x: 4.5pt, y: 3.5pt))
-// Long tables continue on the next page (with their header) instead of overflowing it; a short one
-// is kept whole rather than split after its first rows.
-#show figure: set block(breakable: true)
-#show figure.where(kind: table): it => context {{
-  let height = measure(block(width: {TEXT_WIDTH_CM}cm, it)).height
-  block(breakable: height > {KEEP_TOGETHER_CM}cm, it)
-}}
-// A table's label (a level-4 heading in the templates) stays with its table, out of the outline.
-#show heading.where(level: 4): set heading(outlined: false, bookmarked: false)
-#show heading.where(level: 4): set text(size: {BODY_PT}pt)
-// Figures at the text width: they are drawn that wide, so their text prints at its own size.
-#set image(width: 100%)
-"""
-
-
-def render_pdf(markdown: Path, out: Path) -> None:
-    """Markdown -> Typst (pandoc, from pypandoc-binary) -> PDF (typst, from PyPI). Image paths in the
-    Markdown are relative to its folder; Typst is rooted at the common parent so it may read them."""
-    import pypandoc
-    import typst
-
-    root = Path(os.path.commonpath([markdown.resolve().parent.parent, Path.cwd().resolve()]))
-    with tempfile.TemporaryDirectory(prefix="cs336sys-report-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "page.yaml").write_text(_PAGE_METADATA)  # JSON is YAML
-        (tmp / "style.typ").write_text(_STYLE)
-        # --columns only wraps the Typst source; gfm tables carry no relative widths either way.
-        typ_source = pypandoc.convert_file(str(markdown), "typst", format="gfm", extra_args=[
-            "--standalone", "--columns=100", f"--metadata-file={tmp / 'page.yaml'}",
-            f"--include-before-body={tmp / 'style.typ'}"])
-        # Next to the Markdown, so the image paths resolve as they do from the Markdown.
-        with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=markdown.parent, delete=False) as f:
-            f.write(typ_source)
-            typ_path = Path(f.name)
-        try:
-            pdf = typst.compile(str(typ_path), root=str(root))
-        finally:
-            typ_path.unlink(missing_ok=True)
-    write_atomic(out, pdf)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,11 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     pdf = sub.add_parser("pdf")
     pdf.add_argument("markdown", type=Path)
     pdf.add_argument("--out", required=True, type=Path)
+    pages = sub.add_parser("pages", help="every page of the report as a PNG, to look at")
+    pages.add_argument("markdown", type=Path)
+    pages.add_argument("--out", required=True, type=Path)
+    pages.add_argument("--ppi", type=int, default=60)
     a = p.parse_args(argv)
     if a.command == "md":
         render_markdown(a.sections, a.templates, a.out, a.grid)
-    else:
+    elif a.command == "pdf":
         render_pdf(a.markdown, a.out)
+    else:
+        render_pages(a.markdown, a.out, a.ppi)
     print(f"wrote {a.out}")
     return 0
 

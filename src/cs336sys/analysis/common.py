@@ -1,6 +1,6 @@
 """Helpers every section uses: Markdown tables, figure style, the environment line.
 
-Figures: the report sets every image at the text width (`cs336sys.report.TEXT_WIDTH_CM`), so a figure is
+Figures: the report sets every image at the text width (`cs336sys.writeup.layout.TEXT_WIDTH_CM`), so a figure is
 made exactly that wide (`figure()`; `save_figure` brings any other width to it) and its font sizes are
 the printed sizes: FIGURE_STYLE keeps all text at 8 pt or more. Give no smaller `fontsize=`.
 Tables: the Markdown of a table is printed in the PDF, so keep it narrow (at most 9 columns, short
@@ -20,9 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from cs336sys.report import TEXT_WIDTH_CM  # noqa: E402
 from cs336sys.results import load_results  # noqa: E402
 from cs336sys.sizes import SIZES, SMOKE_SIZES  # noqa: E402
+from cs336sys.writeup.layout import TEXT_WIDTH_CM  # noqa: E402
 
 FIGURE_WIDTH_IN = TEXT_WIDTH_CM / 2.54
 MIN_FONT_PT = 8
@@ -140,7 +140,10 @@ def environment_summary(df: pd.DataFrame) -> dict:
 
     stamps = values("env.timestamp")
     gpus = values("env.gpu")
+    first, last = (stamps[0][:10], stamps[-1][:10]) if stamps else ("", "")
     return {
+        "machines": _machines(df),
+        "dates": first if first == last else f"{first} to {last}",
         "device": ", ".join(gpus) if gpus else f"CPU ({', '.join(values('env.cpu')) or 'unknown'})",
         "is_gpu": bool(gpus),
         "torch": ", ".join(values("env.torch")),
@@ -154,6 +157,25 @@ def environment_summary(df: pd.DataFrame) -> dict:
         "points": int(len(df)),
         "status_counts": {k: int(v) for k, v in df["status"].value_counts().items()},
     }
+
+
+def _machines(df: pd.DataFrame) -> list[str]:
+    """Each machine the results ran on: '2x NVIDIA H200' (GPUs a job used), or the CPU with its cores."""
+    out = []
+    for _, row in df.drop_duplicates([c for c in ("env.gpu", "env.world_size", "env.cpu_count", "env.device")
+                                      if c in df]).iterrows():
+        gpu = row.get("env.gpu")
+        if isinstance(gpu, str) and gpu:
+            n = row.get("env.world_size")
+            n = int(n) if isinstance(n, (int, float)) and n == n and n else 1
+            name = f"{n}\u00d7 {gpu}"
+        else:
+            cores = row.get("env.cpu_count")
+            cores = f", {int(cores)} cores" if isinstance(cores, (int, float)) and cores == cores else ""
+            name = f"CPU ({row.get('env.cpu', 'unknown')}{cores})"
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def read_benchmark_tsv(path: Path) -> float:
