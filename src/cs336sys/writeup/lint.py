@@ -16,7 +16,8 @@ MAX_HEADING_CHARS = 80
 _NOT_A_NUMBER = re.compile(r"(?<![\w`.])(nan|NaN|NAN|inf|Inf|-inf|infinity)(?![\w`])")
 _MINUS_ZERO = re.compile(r"(?<![\d.])[-\u2212]0(?:\.0+)?\s?%")
 # "51.2× to 51.2×", "between 2026-11-23 and 2026-11-23": a range whose ends are the same.
-_SAME_ENDS = re.compile(r"(?<![\w.])(\d[\d.,:\-]*\s?(?:%|×|ms|s|GiB|MiB|KiB|GB/s|TFLOP/s)?)\s+(?:to|and|–)\s+\1(?![\w.])")
+_SAME_ENDS = re.compile(r"(?<![\w.])(\d[\d.,:\-]*\s?(?:%|×|ms|s|GiB|MiB|KiB|GB/s|TFLOP/s)?)"
+                        r"\s+(?:to|and|–)\s+\1(?![\w.])")
 _DECIMAL_BYTES = re.compile(r"\d\.\d{4,}\s?(?:MB|GB|MiB|GiB|KB|KiB)\b")
 _GB_MEMORY = re.compile(r"\d\s(?:GB|MB|KB)\b(?!/s)")
 _TEMPLATE_LEFTOVER = re.compile(r"\{\{|\}\}|\{%|%\}|\{#|\u27e6|\u27e7|\bundefined\b|no result file yet")
