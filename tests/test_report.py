@@ -1,43 +1,41 @@
 import json
+from pathlib import Path
 
 import pytest
 
-from cs336sys.registry import PROBLEMS, SECTIONS
-from cs336sys.report import coverage, render_markdown
+from cs336sys.deliverables import DELIVERABLES
+from cs336sys.registry import SECTIONS
+from cs336sys.report import overview, render_markdown
+from cs336sys.writeup import lint
 
-TEMPLATES = __import__("pathlib").Path(__file__).parent.parent / "writeup" / "templates"
-
-
-def test_coverage_lists_every_problem_and_marks_missing_ones():
-    rows = coverage({"precision": {"result_counts": {"mixed_precision_accumulation": 1}}})
-    assert [r["number"] for r in rows] == [p.number for p in PROBLEMS]
-    by_name = {r["name"]: r for r in rows}
-    assert by_name["mixed_precision_accumulation"]["has_results"]
-    assert not by_name["nsys_profile"]["has_results"] and by_name["nsys_profile"]["points"] == 0
+TEMPLATES = Path(__file__).parent.parent / "writeup" / "templates"
 
 
-def empty_sections(root):
+def sections(root: Path, contexts: dict[str, dict] | None = None) -> list[Path]:
+    """A section folder per registered section, each with the given context (default: no results)."""
     dirs = []
     for name in SECTIONS:
         d = root / "sections" / name
         d.mkdir(parents=True)
-        (d / "context.json").write_text(json.dumps({"env": {}, "tables": {}, "figures": {}, "result_counts": {}}))
+        context = (contexts or {}).get(name, {"env": {}, "tables": {}, "figures": {}, "result_counts": {}})
+        (d / "context.json").write_text(json.dumps(context))
         dirs.append(d)
     return dirs
 
 
-def test_report_says_when_a_section_has_no_results(tmp_path):
-    text = render_markdown(empty_sections(tmp_path), TEMPLATES, tmp_path / "writeup" / "report.md")
+def test_a_report_without_results_says_so_in_every_section_and_has_nothing_degenerate(tmp_path):
+    text = render_markdown(sections(tmp_path), TEMPLATES, tmp_path / "writeup" / "report.md")
     assert text.count("No results yet for this section") == len(SECTIONS)
-    assert f"Problems with results: 0 of {len(PROBLEMS)}" in text
     assert (tmp_path / "writeup" / "report.md").read_text() == text
     assert "smoke grid" not in text.split("\n## ")[0]
+    assert lint.problems(text) == []
 
 
-def test_the_smoke_report_says_what_it_is_on_its_first_line(tmp_path):
-    text = render_markdown(empty_sections(tmp_path), TEMPLATES, tmp_path / "report.md", grid="smoke")
+def test_the_smoke_report_says_what_it_is_on_its_first_line_and_on_every_page(tmp_path):
+    text = render_markdown(sections(tmp_path), TEMPLATES, tmp_path / "report.md", grid="smoke")
     first = text.lstrip().splitlines()[0]
     assert first.startswith("# CPU smoke grid") and "not results" in first
+    assert "<!-- grid: smoke -->" in text  # the PDF's running header
 
 
 def test_unknown_section_directory_is_an_error(tmp_path):
@@ -48,9 +46,32 @@ def test_unknown_section_directory_is_an_error(tmp_path):
         render_markdown([d], TEMPLATES, tmp_path / "report.md")
 
 
-def test_coverage_counts_an_experiment_read_by_two_sections_once():
-    rows = coverage({"ddp": {"result_counts": {"allreduce": 4, "ddp_step": 9}},
-                     "accounting": {"result_counts": {"allreduce": 4, "ddp_step": 9}}})
-    by_name = {r["name"]: r for r in rows}
-    assert by_name["distributed_communication_single_node"]["points"] == 4
-    assert by_name["naive_ddp"]["points"] == 9
+def env(machine: str, torch: str, commits: list[str], first: str, last: str, counts: dict) -> dict:
+    return {"machines": [machine], "device": machine, "torch": torch, "triton": "3.6.0", "cuda": "13.0",
+            "driver": "580", "python": "3.12.3", "commits": commits, "first_date": first, "last_date": last,
+            "status_counts": counts, "points": sum(counts.values()), "is_gpu": True}
+
+
+def test_the_title_block_names_each_machine_once_with_its_sections_and_the_dates_once():
+    o = overview({
+        "benchmarking": {"env": env("1× H100", "2.11.0+cu130", ["aaaa"], "2026-11-22", "2026-11-22", {"ok": 3})},
+        "attention": {"env": env("1× H100", "2.11.0+cu130", ["bbbb"], "2026-11-23", "2026-11-23",
+                                 {"ok": 1, "oom": 2})},
+        "ddp": {"env": env("2× H200", "2.11.0+cu130", ["bbbb"], "2026-11-23", "2026-11-23", {"ok": 4})},
+    })
+    assert [m["machine"] for m in o["machines"]] == ["1× H100", "2× H200"]
+    assert o["machines"][0]["sections"] == [SECTIONS["benchmarking"].title, SECTIONS["attention"].title]
+    assert o["dates"] == "2026-11-22 to 2026-11-23" and o["commits"] == ["aaaa", "bbbb"]
+    assert o["status_counts"] == {"ok": 8, "oom": 2} and o["software"]["torch"] == ["2.11.0+cu130"]
+    one_day = overview({"ddp": {"env": env("2× H200", "2.11", ["c"], "2026-11-23", "2026-11-23", {"ok": 1})}})
+    assert one_day["dates"] == "2026-11-23"
+
+
+def test_the_committed_report_is_clean_and_answers_every_deliverable():
+    """The committed writeup/report.md, as the pipeline rendered it from the committed results."""
+    text = (Path(__file__).parent.parent / "writeup" / "report.md").read_text()
+    assert lint.problems(text) == []
+    index = text.split("<!-- index -->")[1].split("<!-- /index -->")[0]
+    unanswered = [line for line in index.splitlines() if line.endswith("| not answered |")]
+    assert unanswered == [], f"{len(unanswered)} of {len(DELIVERABLES)} deliverables have no answer"
+    assert "## Summary" in text.split("## Contents")[0]

@@ -10,6 +10,7 @@ report order), `overview` (the machines, software, commits and dates of all resu
 ("main", or "smoke" for the CPU smoke grid's report), a filter `num(x, digits)`, `fig(section, name)` and
 `csv(section, name)` (a file's path relative to the report), and the cross-reference helpers of
 `cs336sys.writeup.markup`: `table`, `figure`, `ref`, `answers`, and the markers `TOC`, `INDEX`, `APPENDIX`.
+`render_section` renders one section alone (tests).
 """
 
 from __future__ import annotations
@@ -78,16 +79,34 @@ def index_table(doc: markup.Document, editions_of: dict | None = None) -> str:
     return "\n".join(rows)
 
 
+def environment(templates: Path, fig=None) -> jinja2.Environment:
+    """The templates' Jinja environment: strict undefined names, the `num` filter, the markup helpers and
+    `fig`/`csv` (a section file's path relative to the report; default: the name alone)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             extensions=["jinja2.ext.do"])
+    env.filters["num"] = _num
+    fig = fig or (lambda section, name: name)
+    env.globals.update(fig=fig, csv=fig, table=markup.table, figure=markup.figure, ref=markup.ref,
+                       answers=markup.answers, TOC=markup.TOC, INDEX=markup.INDEX, APPENDIX=markup.APPENDIX)
+    return env
+
+
+def render_section(name: str, context: dict, templates: Path, appendix: bool = False) -> str:
+    """One section alone (or its appendix), numbered as if it were the report's only section: for tests."""
+    template = f"sections/appendix/{name}.md.j2" if appendix else SECTIONS[name].template
+    wrapper = '{% import "macros.md.j2" as m %}' + ("{{ APPENDIX }}\n" if appendix else "") + \
+        f'{{% include "{template}" %}}'
+    text = environment(templates).from_string(wrapper).render(sections={name: context}, grid="main", pins=[])
+    return markup.render(text)[0]
+
+
 def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: str = "main",
                     pins: list[dict] | None = None) -> str:
     contexts = {d.name: json.loads((d / "context.json").read_text()) for d in section_dirs}
     unknown = set(contexts) - set(SECTIONS)
     if unknown:
         raise ValueError(f"section directories {sorted(unknown)} are not sections of cs336sys.registry")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                             extensions=["jinja2.ext.do"])
-    env.filters["num"] = _num
     dirs = {d.name: d for d in section_dirs}
 
     def fig(section: str, name: str) -> str:
@@ -95,10 +114,8 @@ def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: 
 
     from cs336sys.deliverables import DELIVERABLES
 
-    env.globals.update(fig=fig, csv=fig, table=markup.table, figure=markup.figure, ref=markup.ref,
-                       answers=markup.answers, TOC=markup.TOC, INDEX=markup.INDEX, APPENDIX=markup.APPENDIX)
     order = [name for name in SECTIONS if name in contexts]
-    text = env.get_template("report.md.j2").render(
+    text = environment(templates, fig).get_template("report.md.j2").render(
         sections=contexts, section_order=order, grid=grid, overview=overview(contexts),
         deliverables=DELIVERABLES, pins=pins or [])
     text, _ = markup.render(text, index=index_table)
