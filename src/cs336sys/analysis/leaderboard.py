@@ -29,7 +29,8 @@ from cs336sys.sizes import get_size
 
 GIB = 2**30
 TARGET_STEP_S = 5.0  # the project's leaderboard issue: step <= 5.0 s on 2 H200s
-TARGET_SPEEDUP = 1.22  # ... i.e. at least 1.22x faster than PyTorch's parts in the same job
+# ... i.e. at least 1.35x faster than PyTorch's parts in the same job (their 6.73-6.78 s over 5.0 s)
+TARGET_SPEEDUP = 1.35
 TARGET_WALL_S = 600.0  # the handout: from an empty cache, the timing run within 10 minutes
 # A step is called bound by compute when no more than this share of it is communication that no
 # compute hid (in ours and in PyTorch's parts).
@@ -93,7 +94,7 @@ def _describe(settings: dict) -> str:
     ckpt = settings.get("checkpoint_blocks", "all")
     parts.append("checkpoint every block" if ckpt == "all" else "no checkpointing" if ckpt in ("none", 0)
                  else f"checkpoint the first {ckpt} blocks")
-    parts.append("re-gather in backward" if settings.get("reshard_after_forward", True) else "keep gathered params")
+    parts.append("gather again for the backward" if settings.get("reshard_after_forward", True) else "keep gathered params")
     return ", ".join(parts)
 
 
@@ -101,7 +102,8 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
     """One result as a table row (and its phases): times in s, memory in GiB, model TFLOP/s and MFU."""
     st, m = r["settings"], r.get("metrics") or {}
     row = {"job": job, "name": name, "variant": st.get("variant"), "status": r["status"], "reason": r.get("reason"),
-           "setup": _describe(st)}
+           "setup": _describe(st), "attention": "sdpa" if st.get("variant") == "pytorch_parts"
+           else st.get("attention", "flash")}
     phases = []
     row["phase_device_ms"] = {}
     if r["status"] == "ok":
@@ -120,7 +122,7 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
                 phases.append({"job": job, "config": name, "phase": phase.replace("_", " "),
                                "device ms": p.get("device_ms"), "host ms": p.get("host_ms")})
         if m.get("communication_not_overlapped_ms") is not None:
-            phases.append({"job": job, "config": name, "phase": "communication no compute hid",
+            phases.append({"job": job, "config": name, "phase": "collectives not hidden by compute",
                            "device ms": m["communication_not_overlapped_ms"], "host ms": None})
     return row, phases
 
@@ -226,10 +228,83 @@ def _ablation(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _own_attention(row: dict) -> bool:
+    """An entry must use our own implementation: SDPA's kernels (cuDNN) make a config an ablation only."""
+    return row["variant"] == "ours" and row.get("attention") != "sdpa"
+
+
+def _entry(rows: list[dict], floor_s: float | None) -> dict | None:
+    """Our leaderboard entry: the fastest config that uses only our own kernels, with what it was timed
+    beside (PyTorch's parts, or `ours`, in the same job)."""
+    ok = [r for r in rows if r["status"] == "ok" and _own_attention(r)]
+    if not ok:
+        return None
+    entry = min(ok, key=lambda r: r["step_s"])
+    out = _against_baseline(entry, [r for r in rows if r["status"] == "ok"], floor_s)
+    same = next((r for r in rows if r["status"] == "ok" and r["job"] == entry["job"] and r["name"] == "ours"
+                 and r is not entry), None)
+    if same is not None:
+        out.update(ours_s=same["step_s"], vs_ours=entry["step_s"] / same["step_s"])
+    out["mfu"] = entry.get("mfu")
+    return out
+
+
+def _reference(reference: dict | None, flops: float | None, world_size: int, peak_tflops: float | None,
+               entry: dict | None) -> dict | None:
+    """The public best (a published figure, other GPUs) set against ours by the share of peak each reaches."""
+    if not reference or not flops or not peak_tflops:  # the smoke grid's tiny model has no peak to set it against
+        return None
+    out = {k: v for k, v in reference.items() if k != "hardware"}
+    hw = reference.get("hardware", {})
+    theirs = hw.get(reference.get("public_best_gpu", ""), {}).get("bf16_dense_tflops")
+    if theirs and reference.get("public_best_ms"):
+        out["public_best_mfu"] = flops / (reference["public_best_ms"] / 1e3) / (world_size * theirs * 1e12)
+        out["public_best_peak_tflops"] = theirs
+        if peak_tflops:
+            out["peak_ratio"] = theirs / peak_tflops
+            out["public_best_here_s"] = flops / (out["public_best_mfu"] * world_size * peak_tflops * 1e12)
+    if entry is not None and entry.get("mfu"):
+        out["entry_mfu"] = entry["mfu"]
+    return out
+
+
+def _why(ctx: dict) -> str | None:
+    """The largest kernel-family loss of ours against PyTorch's parts, in words (from the profiled steps)."""
+    kernels = (ctx.get("gap") or {}).get("kernels")
+    if not kernels:
+        return None
+    attention = sum(kernels.get(f, {}).get("diff_ms", 0.0) for f in ("attention forward", "attention backward"))
+    family, k = max(kernels.items(), key=lambda fk: fk[1]["diff_ms"])
+    if attention >= k["diff_ms"]:
+        return f"our attention kernels take {attention / 1e3:.2f} s longer per step than cuDNN's"
+    return f"{family} takes {k['diff_ms'] / 1e3:.2f} s longer per step than in PyTorch's parts"
+
+
+def _summary(ctx: dict) -> list[dict]:
+    rows = []
+    e, t = ctx.get("entry"), ctx["targets"]
+    if e is not None:
+        rows.append({"part": f"8B training step, our entry ({ctx['world_size']}× H200)",
+                     "result": f"{e['step_s']:.2f} s per step (`{e['config']}`)", "target": f"≤ {t['step_s']:.1f} s",
+                     "met": e["step_ok"], "ref": "lb-entry", "why": None if e["step_ok"] else _why(ctx)})
+    v = ctx.get("verdict")
+    if v is not None and "speedup" in v:
+        rows.append({"part": "8B step against PyTorch's parts (same job)",
+                     "result": f"{v['speedup']:.2f}× their speed (`{v['config']}` {v['step_s']:.2f} s, "
+                               f"theirs {v['base_s']:.2f} s)",
+                     "target": f"≥ {t['speedup']:.2f}×", "met": v["speedup_ok"], "ref": "lb-entry"})
+    b = ctx.get("best")
+    if b is not None and "speedup" in b:
+        rows.append({"part": "8B step, fastest ablation (cuDNN attention: not an entry)",
+                     "result": f"{b['step_s']:.2f} s, {b['speedup']:.2f}× PyTorch's parts", "target": None,
+                     "met": None, "ref": "lb-ablation"})
+    return rows
+
+
 def build(paths: list[Path], out: Path, size: str | None = None, context_length: int | None = None,
           world_size: int = 2, compute_dtype: str = "bf16", peak_tflops: float | None = None,
           configs: dict | None = None, jobs: dict | None = None, flash_tuned_at: dict | None = None,
-          **_: object) -> dict:
+          reference: dict | None = None, **_: object) -> dict:
     frame = results_frame(paths)
     ctx: dict = {"env": environment_summary(frame), "tables": {}, "world_size": world_size,
                  "compute_dtype": compute_dtype, "peak_tflops": peak_tflops, "jobs": dict(jobs or {}),
@@ -251,7 +326,11 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     # results/leaderboard_step/<job>/<config>.json
     results = [(p.parent.name, p.stem, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
     results = [(job, name, r) for job, name, r in results if r.get("problem") == "leaderboard_step"]
+    ctx["limitations"] = [f"The leaderboard runs on two B200s; the step here was timed on {world_size} H200s, "
+                          "the only GPUs lent (the public best is set against ours by the share of each GPU's "
+                          "datasheet peak that a step reaches)."]
     if not results:
+        ctx["summary"] = []
         return ctx
     # jobs with the baseline first (the config's order does not survive the JSON of the rule's params)
     order = sorted(ctx["jobs"], key=lambda j: ("pytorch_parts" not in ctx["jobs"][j], "ours" not in ctx["jobs"][j], j))
@@ -262,23 +341,29 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         row, row_phases = _row(job, name, r, world_size, peak_tflops)
         rows.append(row)
         phases += row_phases
-    table = [{"job": r["job"], "config": r["name"],  # each config's setup is listed above the table
-              "step s": f"{r['step_s']:.3f} ± {r['std_s']:.3f}" if "step_s" in r else r["status"],
-              "do_bench s": r.get("do_bench_s"), "peak GiB/GPU": r.get("peak_gib"),
-              "TFLOP/s/GPU": r.get("tflops_per_gpu"),
-              "MFU": f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "", "wall s": r.get("wall_s")}
-             for r in rows]
     ctx["points"] = rows
-    ctx["tables"]["steps"] = save_table(pd.DataFrame(table), out, "steps", digits=3)
+    # every point, for the appendix (each config's setup is in the configurations table)
+    ctx["tables"]["steps"] = save_table(pd.DataFrame([
+        {"job": r["job"], "config": r["name"],
+         "step (s)": f"{r['step_s']:.3f} ± {r['std_s']:.3f}" if "step_s" in r else r["status"],
+         "do_bench (s)": r.get("do_bench_s"), "peak (GiB/GPU)": r.get("peak_gib"),
+         "MFU (%)": 100 * r["mfu"] if r.get("mfu") is not None else None, "wall (s)": r.get("wall_s")}
+        for r in rows]), out, "steps", digits=2)
+    ctx["tables"]["configs"] = save_table(pd.DataFrame(
+        [{"config": name, "setup": setup} for name, setup in ctx["configs"].items()]), out, "configs")
     if phases:
-        ctx["tables"]["phases"] = save_table(pd.DataFrame(phases), out, "phases", digits=1)
+        ctx["tables"]["phases"] = save_table(pd.DataFrame(phases).rename(
+            columns={"device ms": "device (ms)", "host ms": "host (ms)"}), out, "phases", digits=1)
     kernels = _kernels(paths, rows)
+    columns = ["attention forward", "attention backward", "matmuls", "other compute", "optimizer", "communication"]
+    short = {"attention forward": "attn. fwd", "attention backward": "attn. bwd", "other compute": "other",
+             "communication": "comm."}
     if kernels:
         ctx["kernels"] = kernels
-        columns = ["attention forward", "attention backward", "matmuls", "other compute", "optimizer", "communication"]
+        present = [c for c in columns if any(k["ms"].get(c) for k in kernels)]  # a family no step ran is left out
         ctx["tables"]["kernels"] = save_table(pd.DataFrame(
-            [{"job": k["job"], "config": k["config"]} | {f"{c} ms": k["ms"].get(c, 0.0) for c in columns}
-             for k in kernels]), out, "kernels", digits=0)
+            [{"job": k["job"], "config": k["config"]} | {f"{short.get(c, c)} (s)": k["ms"].get(c, 0.0) / 1e3 for c in present}
+             for k in kernels]), out, "kernels", digits=3)
     verdict = _verdict(rows, ctx.get("floor_s"))
     if verdict is not None:
         ctx["verdict"] = verdict
@@ -287,17 +372,57 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
             kernel_gap = _kernel_gap(kernels, verdict)
             if kernel_gap is not None:
                 gap["kernels"] = kernel_gap
+                ctx["tables"]["kernel_gap"] = save_table(pd.DataFrame(
+                    [{"kernel family": f, "ours (s)": k["ours_ms"] / 1e3, "PyTorch's parts (s)": k["base_ms"] / 1e3,
+                      "difference (s)": k["diff_ms"] / 1e3}
+                     for f, k in sorted(kernel_gap.items(), key=lambda fk: -abs(fk[1]["diff_ms"]))
+                     if f in columns and (k["ours_ms"] or k["base_ms"])]), out, "kernel_gap", digits=3)
             ctx["gap"] = gap
     best = _best(rows, ctx.get("floor_s"))
     if best is not None:
         ctx["best"] = best
+        best["own_attention"] = _own_attention(next(r for r in rows if r["job"] == best["job"]
+                                                    and r["name"] == best["config"]))
+    entry = _entry(rows, ctx.get("floor_s"))
+    if entry is not None:
+        ctx["entry"] = entry
+    # The headline table: PyTorch's parts and ours as built (one job), our entry, the fastest ablation.
+    picks = []
+    for pick, role in ((verdict and ("main", "pytorch_parts"), "baseline"),
+                       (verdict and (verdict["job"], verdict["config"]), "ours as built"),
+                       (entry and (entry["job"], entry["config"]), "our entry"),
+                       (best and (best["job"], best["config"]), "ablation, cuDNN attention")):
+        if pick and not any(p[0] == pick for p in picks):
+            picks.append((pick, role))
+    if verdict is not None:
+        picks[0] = ((verdict["job"], "pytorch_parts"), picks[0][1])
+    head = []
+    for (job, name), role in picks:
+        r = next((r for r in rows if r["job"] == job and r["name"] == name and r["status"] == "ok"), None)
+        if r is None:
+            continue
+        base = next((b for b in rows if b["job"] == job and b["variant"] == "pytorch_parts" and b["status"] == "ok"),
+                    None)
+        head.append({"config": name, "role": role, "step (s)": r["step_s"],
+                     "× PyTorch's parts": f"{base['step_s'] / r['step_s']:.3f}" if base else "not in its job",
+                     "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None})
+    if head:
+        ctx["tables"]["entry"] = save_table(pd.DataFrame(head), out, "entry", digits=2)
     ablation = _ablation(rows)
     if ablation:
         ctx["largest_change"] = min(ablation, key=lambda a: a["change s"])
-        ctx["tables"]["ablation"] = save_table(pd.DataFrame(ablation), out, "ablation", digits=3)
+        ctx["tables"]["ablation"] = save_table(pd.DataFrame(
+            [{"job": a["job"], "config": a["config"], "what changes": a["settings"],
+              "step (s)": a["step s"], "change (s)": a["change s"], "× ours": a["vs ours"].rstrip("×"),
+              "peak (GiB/GPU)": a["peak GiB/GPU"]} for a in ablation]), out, "ablation", digits=3)
+    flops = model_flops(size, world_size, context_length)["total"] if size and context_length else None
+    ref = _reference(reference, flops, world_size, peak_tflops, entry)
+    if ref is not None:
+        ctx["reference"] = ref
     ctx["not_ok"] = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
                      for r in rows if r["status"] != "ok"]
     walls = [p for p in paths if p.suffix == ".tsv"]
     if walls:
         ctx["job_wall_s"] = {p.stem: read_benchmark_tsv(p) for p in walls}
+    ctx["summary"] = _summary(ctx)
     return ctx
