@@ -11,9 +11,9 @@ import pytest
 
 from cs336sys.analysis import leaderboard
 from cs336sys.report import render_markdown
-from cs336sys.writeup import lint
 from cs336sys.results import read_result, write_json_atomic, write_result
 from cs336sys.sizes import get_size, train_step_flops
+from cs336sys.writeup import lint
 
 TEMPLATES = Path(__file__).parent.parent / "writeup" / "templates"
 GRID = {"size": "8B", "context_length": 32768, "world_size": 2, "compute_dtype": "bf16", "peak_tflops": 989.4,

@@ -94,7 +94,8 @@ def _describe(settings: dict) -> str:
     ckpt = settings.get("checkpoint_blocks", "all")
     parts.append("checkpoint every block" if ckpt == "all" else "no checkpointing" if ckpt in ("none", 0)
                  else f"checkpoint the first {ckpt} blocks")
-    parts.append("gather again for the backward" if settings.get("reshard_after_forward", True) else "keep gathered params")
+    parts.append("gather again for the backward" if settings.get("reshard_after_forward", True)
+                 else "keep gathered params")
     return ", ".join(parts)
 
 
@@ -362,8 +363,9 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         ctx["kernels"] = kernels
         present = [c for c in columns if any(k["ms"].get(c) for k in kernels)]  # a family no step ran is left out
         ctx["tables"]["kernels"] = save_table(pd.DataFrame(
-            [{"job": k["job"], "config": k["config"]} | {f"{short.get(c, c)} (s)": k["ms"].get(c, 0.0) / 1e3 for c in present}
-             for k in kernels]), out, "kernels", digits=3)
+            [{"job": k["job"], "config": k["config"]}
+             | {f"{short.get(c, c)} (s)": k["ms"].get(c, 0.0) / 1e3 for c in present} for k in kernels]),
+            out, "kernels", digits=3)
     verdict = _verdict(rows, ctx.get("floor_s"))
     if verdict is not None:
         ctx["verdict"] = verdict
