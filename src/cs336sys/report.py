@@ -92,11 +92,12 @@ def environment(templates: Path, fig=None) -> jinja2.Environment:
     return env
 
 
-def render_section(name: str, context: dict, templates: Path, appendix: bool = False) -> str:
-    """One section alone (or its appendix), numbered as if it were the report's only section: for tests."""
-    template = f"sections/appendix/{name}.md.j2" if appendix else SECTIONS[name].template
-    wrapper = '{% import "macros.md.j2" as m %}' + ("{{ APPENDIX }}\n" if appendix else "") + \
-        f'{{% include "{template}" %}}'
+def render_section(name: str, context: dict, templates: Path) -> str:
+    """One section alone with its appendix (if it has one), numbered as if they were the whole report: for
+    tests. References between the two resolve."""
+    appendix = f"sections/appendix/{name}.md.j2"
+    wrapper = ('{% import "macros.md.j2" as m %}' + f'{{% include "{SECTIONS[name].template}" %}}\n'
+               + "{{ APPENDIX }}\n" + f'{{% include ["{appendix}"] ignore missing %}}')
     text = environment(templates).from_string(wrapper).render(sections={name: context}, grid="main", pins=[])
     return markup.render(text)[0]
 

@@ -68,6 +68,10 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     if not full.empty:
         ctx["tables"]["points_summary"] = save_table(_points_summary(full), out, "points_summary", digits=1)
 
+    if not ok.empty:  # the protocol as the result files record it
+        ctx["protocol"] = {"warmup": sorted({int(v) for v in bench["warmup"]}),
+                           "steps": sorted({int(v) for v in bench["steps"]}),
+                           "batch": sorted({int(v) for v in ok.get("metric_batch_size", pd.Series()).dropna()})}
     eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
     ctx["context_lengths"] = sorted(int(c) for c in eager.context_length.unique()) if not eager.empty else []
     ctx["sizes"] = sorted(bench["size"].unique(), key=lambda s: size_key(pd.Series([s]))[0]) \
@@ -77,8 +81,20 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     ctx["tables"]["timing"] = {}
     for c in ctx["context_lengths"]:
         sel = eager[(eager["dtype"] == "fp32") & (eager.context_length == c)]
-        wide = _pivot_cells(sel, ["size"], "mode").rename(columns={m: f"{v} (ms)" for m, v in MODE_LABEL.items()})
-        ctx["tables"]["timing"][c] = save_table(wide, out, f"timing_fp32_ctx{c}")
+        wide = _pivot_cells(sel, ["size"], "mode")
+        wide.insert(wide.columns.get_loc("forward_backward") + 1 if "forward_backward" in wide else len(wide.columns),
+                    "backward", _backward_cells(sel, wide["size"]))
+        wide = wide.rename(columns={**{m: f"{v} (ms)" for m, v in MODE_LABEL.items()},
+                                    "backward": "backward (ms, difference)"})
+        ctx["tables"]["timing"][str(c)] = save_table(wide, out, f"timing_fp32_ctx{c}")  # JSON keys are strings
+    if ctx["context_lengths"]:
+        c = ctx["timing_context_main"] = max(ctx["context_lengths"])
+        means = eager[(eager["dtype"] == "fp32") & (eager.context_length == c) & (eager.status == "ok")].pivot_table(
+            index="size", columns="mode", values="mean_ms")
+        if {"forward", "forward_backward"} <= set(means.columns):
+            ratio = ((means.forward_backward - means.forward) / means.forward).dropna()
+            if not ratio.empty:
+                ctx["backward_ratio"] = [float(ratio.min()), float(ratio.max())]
 
     # 4(c): fp32 vs bf16 autocast.
     ctx.update(_precision_speedups(ok, out, ctx))
@@ -92,6 +108,12 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         mfu = mfu.rename(columns={"context_length": "context", "median_ms": "median (ms)", "achieved_tflops": "TFLOP/s",
                                   "peak_tflops": "ceiling (TFLOP/s)", "mfu_pct": "MFU (%)"})
         ctx["tables"]["mfu"] = save_table(mfu, out, "mfu", digits=1)
+        c = int(train.context_length.max())
+        at = train[train.context_length == c].assign(what=lambda d: d["dtype"] + ", " + d["compile"] + " (%)")
+        compact = at.pivot_table(index="size", columns="what", values="mfu_pct").reset_index()
+        compact.columns.name = None
+        ctx["tables"]["mfu_compact"] = save_table(_sorted(compact, "size"), out, "mfu_compact", digits=1)
+        ctx["mfu_context"] = c
         best = train.loc[train.mfu_pct.idxmax()]
         ctx["best_mfu"] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
                            "compile": best["compile"], "context_length": int(best.context_length)}
@@ -106,7 +128,46 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     ctx.update(_overhead(paths, bench, warm, out))
     if not ok.empty:
         ctx["figures"]["times"] = _times_figure(ok, out)
+    ctx["summary"] = _summary(ctx)
+    ctx["limitations"] = []
+    if ctx.get("bf16_slower"):
+        ctx["limitations"].append(
+            f"{len(ctx['bf16_slower'])} of the eager bf16 points are slower than fp32: at these sizes and contexts the "
+            "step time is the host's (Python and kernel launches), not the GPU's, so these wall times say little "
+            "about the GPU.")
     return ctx
+
+
+def _summary(ctx: dict) -> list[dict]:
+    rows = []
+    if "best_mfu" in ctx:
+        b = ctx["best_mfu"]
+        rows.append({"part": "Best MFU of a train step", "result": f"{b['pct']:.1f} % ({b['size']}, {b['dtype']}, "
+                     f"{b['compile']}, context {b['context_length']})", "target": None, "met": None,
+                     "ref": "bench-mfu"})
+    if ctx.get("bf16_train_speedup"):
+        size, speedup = list(ctx["bf16_train_speedup"].items())[-1]
+        rows.append({"part": "bf16 autocast against fp32", "result": f"{speedup:.2f}× faster train step ({size}, "
+                     f"context {ctx['bf16_context_length']})", "target": None, "met": None, "ref": "bench-bf16"})
+    if ctx.get("compile_speedup_range"):
+        low, high = ctx["compile_speedup_range"]
+        rows.append({"part": "torch.compile against eager", "result": f"{low:.2f}× to {high:.2f}× faster",
+                     "target": None, "met": None, "ref": "bench-compile"})
+    return rows
+
+
+def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> list[str]:
+    """Backward time per step as forward+backward less forward: means of two separately timed modes, so
+    their standard deviations add (the result files time each step whole, not its phases)."""
+    cells = []
+    for size in sizes:
+        by = {r["mode"]: r for _, r in sel[sel["size"] == size].iterrows()}
+        f, fb = by.get("forward"), by.get("forward_backward")
+        if f is None or fb is None or f["status"] != "ok" or fb["status"] != "ok":
+            cells.append(fb["status"] if fb is not None and fb["status"] != "ok" else "")
+            continue
+        cells.append(f"{fb['mean_ms'] - f['mean_ms']:.2f} ± {fb['std_ms'] + f['std_ms']:.2f}")
+    return cells
 
 
 def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
@@ -122,6 +183,10 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
         "context_length": "context", "fp32": "fp32 (ms)", "bf16": "bf16 autocast (ms)", "speedup": "speed-up (×)"})
     md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "bf16_speedup")
     c = max(ctx["context_lengths"])
+    compact = wide[wide.context_length == c].pivot_table(index="size", columns="mode", values="speedup").reset_index()
+    compact.columns.name = None
+    compact = _sorted(compact, "size").rename(columns={m: f"{v} (×)" for m, v in MODE_LABEL.items()})
+    md_compact = save_table(compact, out, "bf16_speedup_compact")
     at = wide[(wide.context_length == c) & (wide["mode"] == "train_step")]
     fig, ax = figure(2.8)
     sizes = [s for s in ctx["sizes"] if s in set(wide["size"])]
@@ -136,7 +201,7 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     ax.set_title(f"bf16 autocast speed-up, context {c}")
     ax.grid(axis="x", visible=False)
     ax.legend(ncol=3)
-    return {"tables_bf16": md, "figure_bf16": save_figure(fig, out, "bf16_speedup"),
+    return {"tables_bf16": md, "tables_bf16_compact": md_compact, "figure_bf16": save_figure(fig, out, "bf16_speedup"),
             "bf16_train_speedup": {r["size"]: float(r.speedup) for _, r in at.iterrows()},
             "bf16_slower": sorted({f"{r['size']} {MODE_LABEL[r['mode']]} (context {r['context_length']})"
                                    for _, r in wide[wide.speedup < 1].iterrows()}),
@@ -159,6 +224,10 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
         "context_length": "context", "mean_ms_eager": "eager (ms)", "mean_ms_compiled": "compiled (ms)",
         "speedup": "speed-up (×)"})
     md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "compile_speedup")
+    compact = merged.assign(what=merged["mode"].map(MODE_LABEL) + ", " + merged["dtype"] + " (×)").pivot_table(
+        index="size", columns="what", values="speedup").reset_index()
+    compact.columns.name = None
+    md_compact = save_table(_sorted(compact, "size"), out, "compile_speedup_compact")
     fig, ax = figure(3.0)
     for (mode, dtype), g in merged.groupby(["mode", "dtype"]):
         g = _sorted(g, "size")
@@ -168,7 +237,8 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
     ax.set_ylabel("eager time / compiled time (×)")
     ax.set_title("torch.compile speed-up")
     fig.legend(loc="outside right upper")
-    return {"tables_compile": md, "figure_compile": save_figure(fig, out, "compile_speedup"),
+    return {"tables_compile": md, "tables_compile_compact": md_compact,
+            "figure_compile": save_figure(fig, out, "compile_speedup"),
             "compile_method": sorted(compiled_modes),
             "compile_speedup_range": [float(merged.speedup.min()), float(merged.speedup.max())]}
 
@@ -226,8 +296,11 @@ def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: P
             job = f"{kind}/{r['size']}-{r['compile']}" if kind == "benchmarking" else f"{kind}/{r['size']}"
             inside[job] = inside.get(job, 0.0) + float(r.get("point_wall_s") or 0.0)
     wall, points, over = "wall (s)", "in points (s)", "overhead (s)"
-    rows = [{"job": j, wall: w, points: inside.get(j, 0.0), over: w - inside.get(j, 0.0)}
-            for j, w in sorted(records.items())]
+    # a job whose points record no time of their own (the matmul ceilings) is left out: nothing to subtract
+    rows = [{"job": j, wall: w, points: inside[j], over: w - inside[j]}
+            for j, w in sorted(records.items()) if inside.get(j)]
+    if not rows:
+        return {}
     table = pd.DataFrame(rows)
     total_wall, total_over = table[wall].sum(), table[over].sum()
     table.loc[len(table)] = {"job": "total", wall: total_wall, points: table[points].sum(), over: total_over}

@@ -147,7 +147,7 @@ def problems(markdown: str) -> list[str]:
                     and not _SIGNED_HEADER.search(head) and "negative" not in t.caption.lower()):
                 found.append(f"{where}: column {head!r} holds a negative value ({min(numeric)}) and the caption "
                              f"does not say what a negative value means")
-            if _COUNT_HEADER.search(head) and any(_FLOAT_COUNT.match(v) for v in column if v):
+            if _COUNT_HEADER.search(head) and "(" not in head and any(_FLOAT_COUNT.match(v) for v in column if v):
                 found.append(f"{where}: column {head!r} counts things but prints fractions "
                              f"({next(v for v in column if _FLOAT_COUNT.match(v))})")
         if label_cols:
