@@ -47,7 +47,31 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
         ctx["flash_grid_wall_s"] = {"total": sum(walls.values()),
                                     "ours": sum(v for k, v in walls.items() if k.startswith("triton-")),
                                     "jobs": len(walls)}
+    ctx["summary"] = _summary(ctx)
+    ctx["limitations"] = []
+    if (frame[frame.problem == "flash_benchmarking"]["dtype"] == "fp32").any():
+        ctx["limitations"].append("The fp32 points of our Triton kernel multiply in TF32 (Triton's default for a "
+                                  "float32 `tl.dot`), SDPA's in full fp32: the fp32 ratios of ours to SDPA compare "
+                                  "unlike precisions.")
     return ctx
+
+
+def _summary(ctx: dict) -> list[dict]:
+    rows = []
+    if "lb_ratios" in ctx:
+        shape, ratios = ctx["lb_shape"], ctx["lb_ratios"]
+        cudnn = ratios.get("sdpa_cudnn")
+        result = f"{ctx['lb_ours_ms']:.2f} ms forward+backward"
+        if cudnn is not None:
+            result += f", {cudnn:.2f}× cuDNN's time"
+        if "sdpa_flash" in ratios:
+            result += f", {ratios['sdpa_flash']:.2f}× FlashAttention-2's (SDPA)"
+        rows.append({"part": f"Our FlashAttention-2, {shape['heads']} heads × {shape['seq']:,} × d {shape['d']}",
+                     "result": result, "target": "≤ 1.00× cuDNN" if cudnn is not None else None,
+                     "met": (cudnn <= 1.0) if cudnn is not None else None, "ref": "att-lb",
+                     "why": "its backward recomputes the scores and dP for dQ, which cuDNN's does not"
+                     if cudnn is not None and cudnn > 1.0 else None})
+    return rows
 
 
 def _status_or(value_col: str, digits: int = 2):
@@ -115,7 +139,11 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
     ok = df[df.status == "ok"]
     if ok.empty:
         return {}
-    ctx: dict = {"flash_tables": {}, "flash_figures": {}}
+    ctx: dict = {"flash_tables": {}, "flash_figures": {},
+                 "flash_grid": {"batch": sorted({int(v) for v in df["batch"]}),
+                                "heads": sorted({int(v) for v in df["heads"]}),
+                                "seq": [int(df["seq"].min()), int(df["seq"].max())],
+                                "d": [int(df["d"].min()), int(df["d"].max())]}}
     values = [c for c in ("forward_ms", "backward_ms", "fwd_bwd_ms", "graph_forward_ms", "graph_backward_ms",
                           "graph_fwd_bwd_ms") if c in ok]
     wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl", values=values).reset_index()
@@ -124,7 +152,7 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
     short = {"triton": "ours", "sdpa": "SDPA", "naive": "naive", "naive_compiled": "compiled"}
     for dtype, g in wide.groupby("dtype"):
         impls = [i for i in IMPL_LABEL if f"fwd_bwd_ms:{i}" in g]
-        for part, label in (("forward_ms", "forward"), ("fwd_bwd_ms", "fwd_bwd")):
+        for part, label in (("forward_ms", "forward"), ("backward_ms", "backward"), ("fwd_bwd_ms", "fwd_bwd")):
             rows = []
             for _, r in g.sort_values(["d", "seq"]).iterrows():
                 row = {"d": r["d"], "seq": r["seq"]}
@@ -137,16 +165,21 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                 if f"{part}:triton" in g and f"{part}:naive" in g:
                     row["naive / ours (×)"] = r[f"{part}:naive"] / r[f"{part}:triton"]
                 rows.append(row)
-            ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}, ms"] = save_table(
-                pd.DataFrame(rows), out, f"flash_{dtype}_{label}")
+            if rows and any(f"{short[i]} (ms)" in rows[0] for i in impls):
+                ctx["flash_tables"][f"{dtype} {label.replace('_', '+')}"] = save_table(
+                    pd.DataFrame(rows), out, f"flash_{dtype}_{label}")
     if "graph_fwd_bwd_ms:triton" in wide and "graph_fwd_bwd_ms:sdpa" in wide:
         ctx["flash_graph_tables"] = {dtype: save_table(_graphed_table(g), out, f"flash_{dtype}_graphed", digits=3)
                                      for dtype, g in wide.groupby("dtype")}
     ctx["flash_figures"]["times"] = _flash_figure(ok, out)
     ctx["flash_figures"]["speedup"] = _speedup_figure(wide, out)
     ctx["flash_tables"].update(_tflops_tables(ok, out))
-    if "sdpa_backend" in ok:
-        ctx["sdpa_backends"] = {f"{r['dtype']}": r["sdpa_backend"] for _, r in ok[ok.impl == "sdpa"].iterrows()}
+    # the backend SDPA ran is a metric (the setting is None: SDPA chose); several d may differ
+    column = "metric_sdpa_backend" if "metric_sdpa_backend" in ok else "sdpa_backend"
+    if column in ok:
+        chosen = ok[(ok.impl == "sdpa") & ok[column].notna()]
+        ctx["sdpa_backends"] = {dtype: ", ".join(sorted(set(g[column]))) for dtype, g in chosen.groupby("dtype")}
+    ctx["flash_compact"] = _compact(wide, out)
     ctx["flash_targets"] = _targets(wide)
     ctx["flash_target_values"] = TARGETS | {"naive_seq": NAIVE_TARGET_SEQ}
     if "fwd_bwd_ms:triton" in wide:
@@ -160,6 +193,26 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
             tail = [int(q) for q in faster.index if (faster.loc[faster.index >= q] < 1).all()]
             ctx["flash_floor"]["crossover_seq"] = min(tail) if tail else None
     return ctx
+
+
+def _compact(wide: pd.DataFrame, out: Path) -> str | None:
+    """The main text's table: bf16 at the two longest sequence lengths, every d: forward, backward and
+    forward+backward of ours against SDPA, and naive over ours."""
+    need = {"forward_ms:triton", "backward_ms:triton", "fwd_bwd_ms:triton", "fwd_bwd_ms:sdpa"}
+    bf = wide[wide["dtype"] == "bf16"]
+    if bf.empty or not need <= set(bf.columns):
+        return None
+    seqs = sorted(bf["seq"].unique())[-2:]
+    rows = []
+    for _, r in bf[bf["seq"].isin(seqs)].sort_values(["seq", "d"]).iterrows():
+        row = {"seq": r["seq"], "d": r["d"], "fwd ours (ms)": r["forward_ms:triton"],
+               "fwd SDPA (ms)": r.get("forward_ms:sdpa"), "bwd ours (ms)": r["backward_ms:triton"],
+               "bwd SDPA (ms)": r.get("backward_ms:sdpa"),
+               "fwd+bwd ours / SDPA (×)": r["fwd_bwd_ms:triton"] / r["fwd_bwd_ms:sdpa"]}
+        if pd.notna(r.get("fwd_bwd_ms:naive")):
+            row["naive / ours (×)"] = r["fwd_bwd_ms:naive"] / r["fwd_bwd_ms:triton"]
+        rows.append(row)
+    return save_table(pd.DataFrame(rows), out, "flash_compact", digits=3)
 
 
 def _graphed_table(g: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,55 @@
+"""The attention section built from the committed H100 results: the SDPA backend is the one each point ran,
+the backward is a table of its own, the summary row sets ours against cuDNN at the leaderboard shape, and the
+section and its appendix render with nothing the report's lint objects to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cs336sys.analysis import attention
+from cs336sys.report import render_section
+from cs336sys.results import read_result
+from cs336sys.writeup import lint
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATES = REPO / "writeup" / "templates"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    paths = [p for pattern in ("results/pytorch_attention/**/*.json", "results/flash_benchmarking/**/*.json",
+                               "results/flash_leaderboard/*.json", "results/peak/*.json")
+             for p in sorted(REPO.glob(pattern))]
+    if not paths:
+        pytest.skip("no committed attention results")
+    return paths, attention.build(paths, tmp_path_factory.mktemp("attention"), reference_ms={"public": 5.0})
+
+
+def test_the_sdpa_backend_is_the_one_each_point_ran(built):
+    paths, ctx = built
+    ran = {read_result(p)["metrics"]["sdpa_backend"] for p in paths
+           if "flash_benchmarking/sdpa-bf16" in p.as_posix() and read_result(p)["status"] == "ok"}
+    assert ctx["sdpa_backends"]["bf16"] == ", ".join(sorted(ran))
+
+
+def test_forward_backward_and_both_each_have_a_table(built):
+    _, ctx = built
+    assert {"bf16 forward", "bf16 backward", "bf16 fwd+bwd"} <= set(ctx["flash_tables"])
+
+
+def test_the_summary_sets_ours_against_cudnn_at_the_leaderboard_shape(built):
+    paths, ctx = built
+    lb = {read_result(p)["settings"]["impl"]: read_result(p)["metrics"]["fwd_bwd_ms"]
+          for p in paths if "flash_leaderboard" in p.as_posix()}
+    row = ctx["summary"][0]
+    assert row["met"] == (lb["ours"] <= lb["sdpa_cudnn"])
+    assert f"{lb['ours'] / lb['sdpa_cudnn']:.2f}× cuDNN's time" in row["result"]
+
+
+def test_the_section_and_its_appendix_render_cleanly(built):
+    _, ctx = built
+    text = render_section("attention", ctx, TEMPLATES)
+    assert lint.problems(text) == []
+    assert "nan" not in text and "flash_benchmarking (a)" in text
