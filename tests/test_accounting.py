@@ -92,11 +92,11 @@ def synthetic_results(root: Path) -> list[Path]:
         paths.append(root / f"{name}.json")
         write_result(paths[-1], problem, settings, metrics)
 
-    for size_bytes in (10**6, 10**9):
+    for size_bytes in (2**20, 2**30):  # 1 MiB and 1 GiB, as the grid runs them
         t = 2 * 0.5 * size_bytes / w
         add(f"ar{size_bytes}", "allreduce", {"backend": "nccl", "world_size": 2, "size_bytes": size_bytes,
                                             "dtype": "fp32"},
-            {"median_ms": t * 1e3 * (3 if size_bytes < 10**9 else 1), "algbw_gbps": size_bytes / t / 1e9,
+            {"median_ms": t * 1e3 * (3 if size_bytes < 2**30 else 1), "algbw_gbps": size_bytes / t / 1e9,
              "busbw_gbps": w / 1e9})
     grad = 4 * parameter_count("tiny")
     t_grad = 2 * 0.5 * grad / w * 1e3

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jinja2
 import pytest
 from test_accounting import synthetic_results
 
 from cs336sys.analysis import accounting as section
-from cs336sys.report import _num
+from cs336sys.report import render_section
 
 TEMPLATES = Path(__file__).parent.parent / "writeup" / "templates"
 
@@ -25,11 +24,8 @@ def fast_section():
 
 
 def _render(ctx: dict) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    env.filters["num"] = _num
-    wrapper = '{% import "macros.md.j2" as m %}{% include "sections/accounting.md.j2" %}'
-    return env.from_string(wrapper).render(sections={"accounting": ctx})
+    """The section with its appendix, as the report renders them (numbered, cross-referenced)."""
+    return render_section("accounting", ctx, TEMPLATES)
 
 
 def test_section_builds_and_renders_without_results(fast_section, tmp_path):
@@ -53,8 +49,9 @@ def test_section_with_synthetic_results_fills_the_measured_column(fast_section, 
     assert all(ctx["measured"].values())
     assert ctx["env"]["points"] == len(paths)
     measured = (out / "checks_measured.csv").read_text()
-    assert "all-reduce 1 MB, nccl, 2 ranks" in measured and "not yet measured" not in measured
-    assert "Results: " in _render(json.loads(json.dumps(ctx)))
+    assert "all-reduce 1 MiB, nccl, 2 ranks" in measured and "not yet measured" not in measured
+    text = _render(json.loads(json.dumps(ctx)))
+    assert "points (" in text and "| GB |" not in text and "| GiB |" in text  # memory in GiB, as in the rest
 
 
 def test_template_renders_with_an_empty_context():
@@ -67,6 +64,9 @@ def test_rendered_section_converts_to_typst_and_compiles(fast_section, tmp_path)
     typst = pytest.importorskip("typst")
     md = tmp_path / "section.md"
     md.write_text(_render(fast_section.build([], tmp_path)))
+    from cs336sys.writeup import typst as report_typst
+
     typ = tmp_path / "section.typ"
-    typ.write_text(pypandoc.convert_file(str(md), "typst", format="gfm", extra_args=["--standalone"]))
+    typ.write_text(pypandoc.convert_text(report_typst.to_pandoc(md.read_text())[0], "typst",
+                                         format=report_typst.READER, extra_args=["--standalone"]))
     assert typst.compile(str(typ))[:4] == b"%PDF"

@@ -28,6 +28,7 @@ from cs336sys.accounting.symbols import N, W, evaluate
 from cs336sys.sizes import parameter_count
 
 NOT_MEASURED = "not yet measured"
+GIB = 2**30  # memory in GiB, as the rest of the report
 GB = 1e9
 COLUMNS = ["quantity", "unit", "predicted", "measured", "ratio", "basis"]
 
@@ -79,12 +80,12 @@ def model_tensor_rows(size: str, batch_size: int, context_length: int) -> list[d
     return [
         _row(f"train-step FLOPs, {size}", "TFLOP", evaluate(compute.train_step_flops(), v) / 1e12,
              counter.get_total_flops() / 1e12, f"FlopCounterMode, {basis}"),
-        _row(f"parameter bytes, {size}", "GB", evaluate(memory.parameter_bytes("single"), classes) / GB,
-             params / GB, "model.parameters(), fp32"),
-        _row(f"gradient bytes, {size}", "GB", evaluate(memory.gradient_bytes("single"), classes) / GB,
-             grads / GB, "p.grad after backward"),
-        _row(f"AdamW state bytes, {size}", "GB", evaluate(memory.optimizer_state_bytes("single"), classes) / GB,
-             state / GB, "optimizer.state after one step"),
+        _row(f"parameter bytes, {size}", "GiB", evaluate(memory.parameter_bytes("single"), classes) / GIB,
+             params / GIB, "model.parameters(), fp32"),
+        _row(f"gradient bytes, {size}", "GiB", evaluate(memory.gradient_bytes("single"), classes) / GIB,
+             grads / GIB, "p.grad after backward"),
+        _row(f"AdamW state bytes, {size}", "GiB", evaluate(memory.optimizer_state_bytes("single"), classes) / GIB,
+             state / GIB, "optimizer.state after one step"),
     ]
 
 
@@ -108,6 +109,14 @@ def _bandwidth(frame: pd.DataFrame, world_size: int, gpu: str | None) -> tuple[f
     return preset.bandwidth, f"W = {preset.name} preset, {preset.bandwidth / GB:.0f} GB/s"
 
 
+def _binary_size(n: int) -> str:
+    """1 MiB, 10 MiB, 1 GiB: the all-reduce sizes are powers of two times a round number."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{n} B"
+
+
 def allreduce_rows(frame: pd.DataFrame) -> list[dict]:
     """Ring all-reduce time at W = the bus bandwidth of the largest message of the same backend and
     world size; the small messages show what the bandwidth model leaves out (latency per step)."""
@@ -120,7 +129,7 @@ def allreduce_rows(frame: pd.DataFrame) -> list[dict]:
         w = measured_bandwidth(frame, int(world), backend)
         for _, r in group.sort_values("size_bytes").iterrows():
             predicted = evaluate(comm.collective_time("all_reduce", int(r.size_bytes), int(world), w), {}) * 1e3
-            rows.append(_row(f"all-reduce {int(r.size_bytes) / 1e6:g} MB, {backend}, {int(world)} ranks", "ms",
+            rows.append(_row(f"all-reduce {_binary_size(int(r.size_bytes))}, {backend}, {int(world)} ranks", "ms",
                              predicted, float(r.median_ms), f"W = busbw at the largest size, {w / GB:.1f} GB/s"))
         preset = preset_for_gpu(group["env.gpu"].dropna().iloc[0] if "env.gpu" in group and
                                 group["env.gpu"].notna().any() else None)
@@ -149,15 +158,21 @@ def ddp_rows(frame: pd.DataFrame) -> list[dict]:
     if ddp.empty:
         grad = 4 * parameter_count("xl")
         t = evaluate(comm.collective_time("all_reduce", grad, 2, PRESETS["h100"].bandwidth), {})
-        return [_row("gradient bytes, xl", "GB", grad / GB, NOT_MEASURED, "4 bytes x parameters"),
+        return [_row("gradient bytes, xl", "GiB", grad / GIB, NOT_MEASURED, "4 bytes x parameters"),
                 _row("gradient all-reduce, xl, 2 GPUs", "ms", t * 1e3, NOT_MEASURED, "W = h100 preset")]
     shape = [c for c in ("size", "context_length", "batch_size", "dtype", "world_size") if c in ddp]
     baselines = {tuple(r[c] for c in shape): float(r.mean_ms) for _, r in ddp[ddp.variant == "none"].iterrows()}
     rows = []
+    seen: set = set()
     for _, r in ddp[ddp.variant != "none"].iterrows():
         world, grad = int(r.world_size), 4 * parameter_count(r["size"])
-        label = f"{r['size']}, {r.variant}, {world} GPUs"
-        rows.append(_row(f"gradient bytes, {label}", "GB", grad / GB, float(r.grad_bytes) / GB, "4 bytes x parameters"))
+        bucket = f" {r['bucket_size_mb']:g} MiB" if "bucket_size_mb" in r and pd.notna(r.get("bucket_size_mb")) else ""
+        dtype = f" {r['dtype']}" if "dtype" in r else ""
+        label = f"{r['size']}{dtype}, {r.variant}{bucket}, {world} GPUs"
+        if (r["size"], world) not in seen:  # the same fp32 gradients whatever the variant
+            seen.add((r["size"], world))
+            rows.append(_row(f"gradient bytes, {r['size']}, {world} GPUs", "GiB", grad / 2**30,
+                             float(r.grad_bytes) / 2**30, "4 bytes x parameters"))
         w, basis = _bandwidth(frame, world, r.get("env.gpu"))
         t = evaluate(comm.collective_time("all_reduce", grad, world, w), {}) * 1e3
         exposed = _exposed_comm_ms(r)
@@ -174,8 +189,8 @@ def sharding_rows(frame: pd.DataFrame) -> list[dict]:
     sh = _ok(frame, "sharding_memory")
     if sh.empty:
         v = _class_values("xl", 2)
-        return [_row(f"optimizer state per rank, xl, {strategy}", "GB",
-                     evaluate(memory.optimizer_state_bytes(strategy), v) / GB, NOT_MEASURED, "AdamW, fp32")
+        return [_row(f"optimizer state per rank, xl, {strategy}", "GiB",
+                     evaluate(memory.optimizer_state_bytes(strategy), v) / GIB, NOT_MEASURED, "AdamW, fp32")
                 for strategy in ("ddp", "zero1")]
     rows = []
     for _, r in sh.iterrows():
@@ -186,11 +201,11 @@ def sharding_rows(frame: pd.DataFrame) -> list[dict]:
                      "optimizer_state_bytes": memory.optimizer_state_bytes(strategy)}
         for metric, formula in predicted.items():
             sharded = strategy == "zero1" and metric.startswith("opt")
-            rows.append(_row(f"{metric.removesuffix('_bytes').replace('_', ' ')}, {label}", "GB",
-                             evaluate(formula, v) / GB, float(r[metric]) / GB,
+            rows.append(_row(f"{metric.removesuffix('_bytes').replace('_', ' ')}, {label}", "GiB",
+                             evaluate(formula, v) / GIB, float(r[metric]) / GIB,
                              "1/world of the state, balanced" if sharded else ""))
-        rows.append(_row(f"peak after step, {label}", "GB", evaluate(memory.model_state_bytes(strategy), v) / GB,
-                         float(r.peak_after_step_bytes) / GB,
+        rows.append(_row(f"peak after step, {label}", "GiB", evaluate(memory.model_state_bytes(strategy), v) / GIB,
+                         float(r.peak_after_step_bytes) / GIB,
                          "parameters + gradients + state; the rest is temporaries"))
     return rows
 
@@ -201,17 +216,18 @@ def fsdp_rows(frame: pd.DataFrame) -> list[dict]:
     fs = _ok(frame, "fsdp_step")
     if fs.empty:
         v = _class_values("2.7B", 2)
-        return [_row("sharded parameters per rank, 2.7B, 2 GPUs", "GB",
-                     evaluate(memory.parameter_bytes("fsdp"), v) / GB, NOT_MEASURED, "fp32 masters"),
-                _row("model state per rank, 2.7B, 2 GPUs", "GB", evaluate(memory.model_state_bytes("fsdp"), v) / GB,
+        return [_row("sharded parameters per rank, 2.7B, 2 GPUs", "GiB",
+                     evaluate(memory.parameter_bytes("fsdp"), v) / GIB, NOT_MEASURED, "fp32 masters"),
+                _row("model state per rank, 2.7B, 2 GPUs", "GiB", evaluate(memory.model_state_bytes("fsdp"), v) / GIB,
                      NOT_MEASURED, "parameters, gradients, AdamW state")]
     rows = []
     for _, r in fs.iterrows():
         world = int(r.world_size)
         v = _class_values(r["size"], world)
-        label = f"{r['size']}, {r.variant}, {world} GPUs"
-        rows.append(_row(f"sharded parameters, {label}", "GB", evaluate(memory.parameter_bytes("fsdp"), v) / GB,
-                         float(r.sharded_param_bytes) / GB, "fp32 masters"))
+        compute_dtype = f", {r['compute_dtype']} compute" if pd.notna(r.get("compute_dtype")) else ""
+        label = f"{r['size']}, {r.variant}{compute_dtype}, {world} GPUs"
+        rows.append(_row(f"sharded parameters, {label}", "GiB", evaluate(memory.parameter_bytes("fsdp"), v) / GIB,
+                         float(r.sharded_param_bytes) / GIB, "fp32 masters"))
         state = evaluate(memory.model_state_bytes("fsdp"), v)
         basis = "model state only (no batch shape in the settings)"
         compute_bytes = 2 if r.get("compute_dtype") in ("bf16", "fp16") else 4
@@ -219,7 +235,7 @@ def fsdp_rows(frame: pd.DataFrame) -> list[dict]:
             shape = compute.model_values(r["size"], int(r.batch_size), int(r.context_length))
             state += evaluate(memory.model_activation_bytes(compute_bytes), shape)
             basis = "model state + saved activations (estimate)"
-        rows.append(_row(f"peak, {label}", "GB", state / GB, float(r.peak_bytes) / GB, basis))
+        rows.append(_row(f"peak, {label}", "GiB", state / GIB, float(r.peak_bytes) / GIB, basis))
         if pd.notna(r.get("comm_ms")):
             w, wbasis = _bandwidth(frame, world, r.get("env.gpu"))
             t = sp.Add(*(x.time() for x in comm.step_transfers("fsdp", compute_bytes=compute_bytes)))

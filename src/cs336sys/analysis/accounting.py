@@ -126,12 +126,12 @@ def fsdp_accounting_numbers(answers: dict, size: str = "2.7B", world: int = 2) -
     q = answers["fsdp_accounting"]
     return {"size": size, "world": world, "parameters": sum(counts.values()),
             "norm_parameters": counts[P_NORM],
-            **{k: evaluate(q[k], vals) / 1e9 for k in ("ddp", "zero1", "fsdp", "saved_vs_ddp", "saved_vs_zero1")}}
+            **{k: evaluate(q[k], vals) / 2**30 for k in ("ddp", "zero1", "fsdp", "saved_vs_ddp", "saved_vs_zero1")}}
 
 
 def hardware_context() -> dict:
     return {name: {"flops_tflops": PRESETS[name].flops / 1e12, "bandwidth_gbps": PRESETS[name].bandwidth / 1e9,
-                   "memory_gb": PRESETS[name].memory / 1e9, "flops_source": PRESETS[name].flops_source,
+                   "memory_gib": PRESETS[name].memory / 2**30, "flops_source": PRESETS[name].flops_source,
                    "bandwidth_source": PRESETS[name].bandwidth_source, "memory_source": PRESETS[name].memory_source}
             for name in PRESET_ORDER}
 
@@ -171,7 +171,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     ctx["xxl"] = xxl.numbers()
     ctx["xxl_q"] = {part: {k: latex(v) for k, v in fn().items()}
                     for part, fn in (("a", xxl.part_a), ("b", xxl.part_b), ("c", xxl.part_c), ("d", xxl.part_d))}
-    rows = pd.DataFrame([{"tokens": r["tokens"], "activations (GB)": r["activation_bytes"] / 1e9,
+    rows = pd.DataFrame([{"tokens": r["tokens"], "activations (GiB)": r["activation_bytes"] / 2**30,
                           "N_FSDP (real)": r["n_fsdp_real"], "N_FSDP": r["n_fsdp"] if r["n_fsdp"] else "none"}
                          for r in ctx["xxl"]["fsdp_rows"]])
     ctx["tables"]["xxl_fsdp"] = save_table(rows, out, "xxl_fsdp_devices", digits=2)
@@ -188,4 +188,8 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         measured_rows += rows_
     ctx["tables"]["measured_checks"] = save_table(pd.DataFrame(measured_rows, columns=checks.COLUMNS), out,
                                                   "checks_measured", digits=3)
+    ctx["summary"] = [{"part": "Accounting formulas against the real model", "target": None, "met": None,
+                       "result": ("FLOPs and state bytes match exactly" if ctx["model_checks_max_error"] < 1e-9 else
+                                  f"FLOPs and state bytes within {100 * ctx['model_checks_max_error']:.2g} %")
+                       + " (the model built on the meta device)", "ref": "acct-checks"}]
     return ctx
