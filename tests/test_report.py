@@ -2,8 +2,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cs336sys.deliverables import DELIVERABLES
+
 from cs336sys.registry import SECTIONS
 from cs336sys.report import overview, render_markdown
 from cs336sys.writeup import lint
