@@ -112,7 +112,7 @@ DELIVERABLES: tuple[Deliverable, ...] = (
     _d("ddp_overlap_individual_parameters_benchmarking", "b", BOTH, "Profiler timelines showing overlap in one "
        "and not in the other", "2 screenshots", "ddp"),
     _d("ddp_overlap_bucketed", "", OLD, "DDP with gradient buckets of a given size", "code", "ddp"),
-    _d("ddp_bucketed_benchmarking", "a", OLD, "Step time for bucket sizes of 1, 10, 100 and 1000 MB",
+    _d("ddp_bucketed_benchmarking", "a", OLD, "Step time for the four bucket sizes the handout names",
        "1-2 sentences", "ddp"),
     _d("ddp_bucketed_benchmarking", "b", OLD, "A model of bucketing overhead and the optimal bucket size",
        "equations", "ddp"),

@@ -66,7 +66,9 @@ def _numeric(column: pd.Series) -> bool:
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
-    """A pipe table: numbers right-aligned, text left-aligned."""
+    """A pipe table: numbers right-aligned, text left-aligned. A column with no value in any row is left
+    out of the printed table (it says nothing; the CSV keeps it)."""
+    df = df[[c for c in df.columns if any(fmt(v, digits) != "" for v in df[c])]] if len(df) else df
     cols = [str(c) for c in df.columns]
     numeric = [_numeric(df[c]) for c in df.columns]
     lines = ["| " + " | ".join(cols) + " |",

@@ -33,6 +33,7 @@ from cs336sys.profiling.checkpointing import (
 )
 from cs336sys.profiling.timeline import SHADES
 from cs336sys.results import read_result
+from cs336sys.sizes import parameter_count
 
 MIB = 2**20
 GIB = 2**30
@@ -73,7 +74,22 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         _gradients_from_snapshot(ctx, snapshots, saved)
     if sweep:
         _checkpointing(ctx, out, sweep)
+    ctx["summary"] = _summary(ctx)
     return ctx
+
+
+def _summary(ctx: dict) -> list[dict]:
+    """Page 1: what checkpointing buys at the handout's shape, and the train step's peak."""
+    rows = []
+    c = ctx.get("ckpt") or {}
+    if c.get("best"):
+        none = c.get("none")
+        without = "out of memory without it" if none and none.get("status") != "ok" else (
+            f"{none['peak']:.2f} {c['unit']} without it" if none else "")
+        rows.append({"part": "Activation checkpointing, " + f"{c['size']} at context {c['context_length']}",
+                     "result": f"peak {c['best']['peak']:.2f} {c['unit']} with groups of {c['best']['k']} "
+                               f"block(s); {without}", "target": None, "met": None, "ref": "mem-ckpt"})
+    return rows
 
 
 # --- snapshots (problem 5 a-e) -------------------------------------------------------------------------
@@ -204,7 +220,13 @@ def _timeline_figure(summary: dict, out: Path, name: str, title: str) -> str:
         ax.plot([], [], color=SHADES.get(name, "#cccccc"), lw=6, label=f"phase: {name}")
     ax.axhline(peak, color="black", lw=0.6, ls="--")
     ax.set_xlim(0, max(summary["events"], 1))
-    ax.set_ylim(0, peak * 1.08 if peak else 1)
+    low = min((sum(v) for v in zip(*ys, strict=True)), default=0.0) if ys else 0.0
+    if peak and peak - low < 0.25 * peak:  # the step's changes are small against what it holds: zoom in
+        margin = 0.1 * (peak - low) or 0.01 * peak
+        ax.set_ylim(low - margin, peak + margin)
+        title = f"{title} (axis from {low - margin:.1f} {unit})"
+    else:
+        ax.set_ylim(0, peak * 1.08 if peak else 1)
     ax.set_xlabel("allocation event (alloc or free)")
     ax.set_ylabel(f"active memory ({unit})")
     ax.set_title(f"{title}: peak {peak:.2f} {unit}", loc="left")
@@ -329,12 +351,17 @@ def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
                 k_continuous=prediction["k_continuous"], best_k_predicted=prediction["best_k"],
                 best_predicted=prediction["best_bytes"] / scale, sqrt_law=prediction["sqrt_law_bytes"] / scale,
                 no_checkpoint=prediction["no_checkpoint_bytes"] / scale)
+    # What the allocator held before the timed steps: the fp32 weights and AdamW's two moments (12 bytes a
+    # parameter), and whatever the warm-up step left allocated; each point is its own process, so this differs.
+    bases = [r["metrics"]["baseline_bytes"] for r in ok if r["metrics"].get("baseline_bytes")]
+    info.update(state=12 * parameter_count(first["size"]) / scale,
+                baseline_range=[min(bases) / scale, max(bases) / scale] if bases else None)
 
     rows = []
     for r in sweep:
         k = r["settings"]["checkpoint_blocks"]
         peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
-        rows.append({"k": "none" if k == 0 else k, "groups": math.ceil(n / k) if k else None, "status": r["status"],
+        rows.append({"k": "none" if k == 0 else k, "groups": str(math.ceil(n / k)) if k else "", "status": r["status"],
                      f"peak ({unit})": None if peak is None else peak / scale,
                      f"predicted peak ({unit})": predicted_peak(n, k, block, boundary, base, grads) / scale,
                      f"predicted M(k) ({unit})": checkpoint_memory(n, k, block, boundary) / scale,
@@ -378,9 +405,13 @@ def _checkpointing_figure(ctx: dict, out: Path, sweep: list[dict], n: int, block
             "o", color="#4C72B0", label="measured")
     failed = [r["settings"]["checkpoint_blocks"] for r in sweep if r["status"] != "ok" and r["settings"]
               ["checkpoint_blocks"]]
-    if failed:
-        top = ax.get_ylim()[1]
-        ax.plot(failed, [top] * len(failed), "x", color="#C44E52", label="out of memory")
+    if failed:  # out of memory: a marker at the GPU's capacity, which they needed more than
+        capacity = next((r["env"].get("gpu_memory_bytes") for r in sweep if r.get("env", {}).get("gpu_memory_bytes")),
+                        None)
+        if capacity:
+            ax.axhline(capacity / scale, color="#C44E52", lw=0.8, ls=":")
+            ax.plot(failed, [capacity / scale] * len(failed), "x", color="#C44E52",
+                    label=f"out of memory (over {capacity / scale:.0f} {unit})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("blocks per group k")
     ax.set_ylabel(f"peak memory ({unit})")

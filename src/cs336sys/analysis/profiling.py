@@ -48,6 +48,29 @@ def compact_name(name: str, width: int = 44) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
+def distinct_names(names: list[str], width: int = 44) -> list[str]:
+    """`compact_name` of each, except that names whose compact forms coincide keep the part where they
+    differ (a cuBLAS kernel's tile shape, say): the compact form's start, an ellipsis, then the text around
+    the first character at which the full names differ."""
+    short = [compact_name(n, width) for n in names]
+    for label in {s for s in short if short.count(s) > 1}:
+        group = [i for i, s in enumerate(short) if s == label]
+        full = [names[i] for i in group]
+        first = next((k for k in range(min(map(len, full))) if len({f[k] for f in full}) > 1), None)
+        if first is None:
+            continue
+        head = min(16, width // 3)
+        start = max(first - 6, head)
+        for i in group:
+            short[i] = names[i][:head] + "…" + names[i][start:start + width - head - 1]
+    return short
+
+
+def _count(x: float) -> int | float:
+    """A count as an integer when it is one (calls per forward are whole numbers)."""
+    return int(round(x)) if abs(x - round(x)) < 1e-9 else x
+
+
 def _key(r: dict) -> tuple:
     s = r["settings"]
     size_rank = SIZE_ORDER.index(s["size"]) if s["size"] in SIZE_ORDER else len(SIZE_ORDER)
@@ -106,7 +129,22 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     _top_kernels(ctx, out, forward, train)
     _classes(ctx, out, forward, train)
     _attention(ctx, out, forward)
+    _summary(ctx)
     return ctx
+
+
+def _summary(ctx: dict) -> None:
+    """The page-1 row (the matmul share) and what the profiled grid leaves out."""
+    ctx["summary"] = []
+    share = ctx.get("matmul_share") or {}
+    if share.get("forward") and share.get("train_step"):
+        ctx["summary"].append({"part": "Matrix products' share of GPU time", "target": None, "met": None,
+                               "result": f"{share['forward']['mean']:.0f} % of a forward, "
+                                         f"{share['train_step']['mean']:.0f} % of a train step (fp32, mean)",
+                               "ref": "prof-classes"})
+    ctx["limitations"] = [f"Kernels were profiled for {', '.join(ctx['sizes'])} at contexts "
+                          f"{', '.join(str(c) for c in ctx['context_lengths'])}; the 2025 handout's nsys_profile "
+                          "asks for every model size at four context lengths."]
 
 
 def _label(key: tuple) -> str:
@@ -154,10 +192,11 @@ def _top_kernels(ctx: dict, out: Path, forward: dict, train: dict) -> None:
         is_same = None if top_fb is None else top_fb["name"] == top_f["name"]
         if is_same is not None:
             same.append(is_same)
-        fb_cell = "n/a" if top_fb is None else "same" if is_same else f"`{compact_name(top_fb['short_name'], 30)}`"
+        shown = distinct_names([top_f["short_name"]] + ([top_fb["short_name"]] if top_fb else []), 30)
+        fb_cell = "n/a" if top_fb is None else "same" if is_same else f"`{shown[1]}`"
         rows.append({"size": key[0], "context": key[1],
-                     f"top forward {ctx['unit']}": f"`{compact_name(top_f['short_name'], 30)}`",
-                     "calls / forward": top_f["calls_per_occurrence"], "share (%)": 100 * top_f["share"],
+                     f"top forward {ctx['unit']}": f"`{shown[0]}`",
+                     "calls / forward": _count(top_f["calls_per_occurrence"]), "share (%)": 100 * top_f["share"],
                      "top in forward+backward": fb_cell,
                      "its share (%)": None if top_fb is None else 100 * top_fb["share"]})
     if rows:
@@ -198,10 +237,11 @@ def _kernel_rows(rows: list[dict], scope: str) -> pd.DataFrame:
         occurrences = r["calls"] / r["calls_per_occurrence"] if r["calls_per_occurrence"] else 1
         return r["total_us"] / 1e3 / occurrences
 
-    return pd.DataFrame([{"name": f"`{compact_name(r['short_name'], 44)}`", "class": r["class"],
-                          f"calls / {per}": r["calls_per_occurrence"], "mean (µs)": r["mean_us"],
+    names = distinct_names([r["short_name"] for r in rows], 44)
+    return pd.DataFrame([{"name": f"`{name}`", "class": r["class"],
+                          f"calls / {per}": _count(r["calls_per_occurrence"]), "mean (µs)": r["mean_us"],
                           f"total / {per} (ms)": per_occurrence_ms(r), "share (%)": 100 * r["share"]}
-                         for r in rows])
+                         for name, r in zip(names, rows, strict=True)])
 
 
 def _classes(ctx: dict, out: Path, forward: dict, train: dict) -> None:
@@ -213,7 +253,13 @@ def _classes(ctx: dict, out: Path, forward: dict, train: dict) -> None:
             m = source.get(key)
             if m is None or scope not in m["scopes"]:
                 continue
-            shares = _shares(m["scopes"][scope]["by_class_us"])
+            by_class = dict(m["scopes"][scope]["by_class_us"])
+            optimizer = (m["scopes"].get("optimizer_step") or {}).get("by_class_us") if scope == "train_step" else None
+            if optimizer:  # the optimizer step's kernels are its own class, whatever their kind (elementwise)
+                for c, us in optimizer.items():
+                    by_class[c] = by_class.get(c, 0.0) - us
+                by_class["optimizer"] = by_class.get("optimizer", 0.0) + sum(optimizer.values())
+            shares = _shares(by_class)
             rows.append({"size": key[0], "context": key[1], "mode": mode,
                          **{f"{c} (%)": shares[c] for c in ("matmul", "softmax", "elementwise", "reduction",
                                                              "optimizer")},
@@ -262,8 +308,8 @@ def _attention(ctx: dict, out: Path, forward: dict) -> None:
         rows.append({"size": key[0], "context": key[1],
                      "matmuls (µs/call)": a["matmul_us"] / calls, "softmax (µs/call)": a["softmax_us"] / calls,
                      "time ratio": a["time_ratio"], "FLOP ratio": a["flop_ratio"],
-                     "matmul (TFLOP/s)": (a["matmul_flop_per_s"] or 0) / 1e12,
-                     "softmax (TFLOP/s)": (a["softmax_flop_per_s"] or 0) / 1e12})
+                     "matmul (GFLOP/s)": (a["matmul_flop_per_s"] or 0) / 1e9,
+                     "softmax (GFLOP/s)": (a["softmax_flop_per_s"] or 0) / 1e9})
         time_ratios.append(a["time_ratio"])
         flop_ratios.append(a["flop_ratio"])
     if not rows:
