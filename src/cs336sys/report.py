@@ -66,16 +66,19 @@ def overview(contexts: dict[str, dict]) -> dict:
             "status_counts": status}
 
 
-def index_table(doc: markup.Document, editions_of: dict | None = None) -> str:
-    """The deliverables index: every problem part of both handouts -> the heading that answers it."""
+def index_table(doc: markup.Document) -> str:
+    """The deliverables index: every problem part of both handouts -> the heading that answers it. Long
+    problem names may break after an underscore (a zero-width space) and the asks keep their hyphenated
+    words whole (non-breaking hyphens), so the table fits the page."""
     from cs336sys.deliverables import DELIVERABLES
 
-    rows = ["| problem | part | edition | what is asked | answered in |", "|:---|:---|:---|:---|:---|"]
+    rows = ["| problem (part) | edition | what is asked | answered in |", "|:---|:---|:---|:---|"]
     for d in DELIVERABLES:
         h = doc.answered.get(d.key)
-        where = f"[{h.text}](#{h.anchor})" if h else "not answered"
-        editions = " and ".join(d.editions)
-        rows.append(f"| `{d.problem}` | {d.part or '-'} | {editions} | {d.ask} | {where} |")
+        where = f"[{h.number or h.title}](#{h.anchor})" if h else "not answered"
+        name = d.problem.replace("_", "_\u200b") + (f" ({d.part})" if d.part else "")
+        editions = "both" if len(d.editions) > 1 else d.editions[0]
+        rows.append(f"| {name} | {editions} | {d.ask.replace('-', chr(0x2011))} | {where} |")
     return "\n".join(rows)
 
 

@@ -287,7 +287,8 @@ def bucket_model(by: dict, grad_bytes: int, allreduce_fit: dict | None) -> dict 
         head = "Δ step" if name == "step" else "wait"
         frame[f"{head} (ms)"] = [v * 1e3 for v in y]
         frame[f"{head} fit (ms)"] = [v * 1e3 for v in f.predicted_s]
-        frame[f"{head} resid. (ms)"] = fits[name]["residuals_ms"]
+        if any(fits[name]["residuals_ms"]):  # an exact fit (as many points as constants) has none to show
+            frame[f"{head} resid. (ms)"] = fits[name]["residuals_ms"]
     model = {"grad_bytes": grad_bytes, "points": len(pts), "measured_best_mb": measured_best, "fits": fits,
              "n_max": n_max, "smallest_bucket_mb": s / n_max / MIB,
              "frame": frame}

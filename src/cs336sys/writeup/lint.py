@@ -141,8 +141,8 @@ def problems(markdown: str) -> list[str]:
                 found.append(f"{where}: column {head!r} is zero in every row")
             values = [_number(v) for v in column]
             numeric = [v for v in values if v is not None]
-            if not numeric or not _MEASURED_HEADER.search(head):  # text, or a number without a unit (d, seq)
-                label_cols.append(c)
+            if c == 0 or not numeric or not _MEASURED_HEADER.search(head):  # the first column, text, or a
+                label_cols.append(c)                                       # number without a unit (d, seq)
             if (numeric and min(numeric) < 0 and _NON_NEGATIVE_HEADER.search(head)
                     and not _SIGNED_HEADER.search(head) and "negative" not in t.caption.lower()):
                 found.append(f"{where}: column {head!r} holds a negative value ({min(numeric)}) and the caption "
