@@ -45,7 +45,7 @@ def render(ctx: dict, tmp: Path) -> str:
     section.mkdir(parents=True, exist_ok=True)
     (section / "context.json").write_text(json.dumps(ctx | {"result_counts": {}}))
     text = render_markdown([section], TEMPLATES, tmp / "writeup" / "report.md")
-    return text[text.index("## Optimizer state sharding and FSDP"):]
+    return text[text.index(" Optimizer state sharding and FSDP\n"):]
 
 
 def table_widths(text: str) -> list[int]:
@@ -104,11 +104,11 @@ def cpu_section(cpu_grid):
 
 def test_cpu_memory_is_what_the_accounting_predicts(cpu_section):
     ctx, _ = cpu_section
-    assert ctx["unit"]["name"] == "MB" and not ctx["env"]["is_gpu"]
+    assert ctx["unit"]["name"] == "MiB" and not ctx["env"]["is_gpu"]
     [o] = ctx["opt"]
     assert o["world"] == 2 and not o["allocator"] and o["tensors_match"]
     un, sh, zero = (o["variants"][v] for v in ("unsharded", "sharded", "zero"))
-    params = sharding._predict(memory.parameter_bytes("ddp"), "tiny", 2) / 1e6
+    params = sharding._predict(memory.parameter_bytes("ddp"), "tiny", 2) / 2**20
     assert un["params"] == pytest.approx(params) and un["grads"] == pytest.approx(params)
     assert un["state"] == pytest.approx(2 * params)  # AdamW's two moments of every parameter
     for v in (sh, zero):  # each rank keeps about half of them
@@ -123,12 +123,12 @@ def test_cpu_tables_leave_out_the_allocator_and_have_no_empty_values(cpu_section
     [o] = ctx["opt"]
     assert set(o["tables"]) == {"breakdown", "prediction", "time"}  # no allocator table on the CPU
     breakdown = o["tables"]["breakdown"]
-    assert "tensors (MB)" in breakdown and "peak (MB)" not in breakdown and "allocated" not in breakdown
+    assert "tensors (MiB)" in breakdown and "peak (MiB)" not in breakdown and "allocated" not in breakdown
     assert breakdown.count("\n") == 2 + 9  # three variants at three points
     assert "| ours (sharded) | after step |" in breakdown
     [f] = ctx["fsdp"]
     assert set(f["dtypes"]) == {"fp32", "bf16"} and f["tensors_match"]
-    assert "peak (MB)" not in f["tables"]["time_memory"] and "saving (MB)" not in f["tables"]["savings"]
+    assert "peak (MiB)" not in f["tables"]["time_memory"] and "saving (MiB)" not in f["tables"]["savings"]
     for table in all_tables(ctx):
         assert "n/a" not in table and max(table_widths(table)) <= 9
     assert (out / "sharding_breakdown_tiny.csv").is_file() and (out / "fsdp_step_tiny.md").is_file()
@@ -150,13 +150,14 @@ def test_the_section_renders_from_cpu_results(cpu_section, tmp_path):
     ctx, _ = cpu_section
     text = render(ctx, tmp_path)
     assert "CPU numbers from the smoke grid" in text and "No results yet" not in text
-    for heading in ("optimizer_state_sharding_accounting a", "optimizer_state_sharding_accounting b",
-                    "optimizer_state_sharding_accounting c", "(fsdp)", "fsdp_accounting a", "fsdp_accounting b"):
+    for heading in ("optimizer_state_sharding_accounting (a)", "optimizer_state_sharding_accounting (b)",
+                    "optimizer_state_sharding_accounting (c)", "fsdp: fully sharded", "fsdp_accounting (a)",
+                    "fsdp_accounting (b)"):
         assert heading in text
     assert "on the CPU only the tensor sums are shown" in text and "as the accounting below expects" in text
     assert "sections/sharding/fsdp_timeline.png)" in text
     assert "| tiny | step time at bf16 compute, ours ÷ FSDP2 |" in text
-    body = text[text.index("**Optimizer state sharding"):]  # the environment line says "driver n/a" on the CPU
+    body = text[text.index("optimizer_state_sharding: the sharded optimizer"):]  # the environment line says "driver n/a" on the CPU
     assert "n/a" not in body and max(table_widths(text)) <= 9
     assert r"12 P \left(N - 1\right) / N" in text  # ours sends half as much again as ZeRO's paper
 
@@ -254,7 +255,9 @@ def gpu_grid(root: Path) -> list[Path]:
     base = sharding_point(root, "xl", "unsharded", 1000.0, acts=40e9)  # the backward's peak is the highest
     sharding_point(root, "xl", "sharded", 1020.0, acts=40e9)
     sharding_point(root, "xl", "zero", 1000.0, acts=40e9)
-    unsharded_peak = max(v for k, v in base.items() if k.endswith("peak_bytes"))
+    # FSDP's saving is measured from the unsharded run's steady-state peak: the first step's forward and
+    # backward peak plus the optimizer state a later step holds through them
+    unsharded_peak = base["before_step_peak_bytes"] + predicted("optimizer_state", "ddp", "xl")
     for dtype, ours, theirs in (("fp32", 900.0, 700.0), ("bf16", 690.0, 600.0)):
         fsdp_point(root, "xl", "ours", dtype, ours, unsharded_peak - 12e9)
         fsdp_point(root, "xl", "fsdp2", dtype, theirs, unsharded_peak - 13e9)
@@ -285,18 +288,20 @@ def gpu_section(tmp_path_factory):
 
 def test_gpu_memory_breakdown_and_saving(gpu_section):
     _, ctx, _ = gpu_section
-    assert ctx["unit"]["name"] == "GB" and ctx["env"]["is_gpu"]
+    assert ctx["unit"]["name"] == "GiB" and ctx["env"]["is_gpu"]
     assert [o["size"] for o in ctx["opt"]] == ["xl", "2.7B"]  # registry order
     xl = ctx["opt"][0]
     assert xl["allocator"] and xl["tensors_match"]
     breakdown = xl["tables"]["breakdown"]
-    assert "allocated (GB)" in breakdown and "peak − tensors (GB)" in breakdown
+    assert "allocated (GiB)" in breakdown and "peak − tensors (GiB)" in breakdown
     un, sh = xl["variants"]["unsharded"], xl["variants"]["sharded"]
-    assert un["other"]["before step"] == pytest.approx(40.0)  # the activations planted above the tensors
-    assert un["other"]["after step"] == pytest.approx(1.0)
-    expected = (predicted("optimizer_state", "ddp", "xl") - predicted("optimizer_state", "zero1", "xl")) / 1e9
+    assert un["other"]["before step"] == pytest.approx(40e9 / 2**30)  # the activations planted above the tensors
+    assert un["other"]["after step"] == pytest.approx(1e9 / 2**30)
+    expected = (predicted("optimizer_state", "ddp", "xl") - predicted("optimizer_state", "zero1", "xl")) / 2**30
     assert xl["saving"]["expected"] == pytest.approx(expected)
-    assert xl["saving"]["sharded"]["peak"] == pytest.approx(0.0)  # the backward's peak holds no state
+    # steady state: a later step's backward holds the state, so sharding it lowers that peak by the state saved
+    assert xl["saving"]["sharded"]["peak"] == pytest.approx(expected)
+    assert un["overall_peak"] == pytest.approx(un["peak"]["before step"] + un["state"])
     big = ctx["opt"][1]["saving"]
     assert big["sharded"]["peak"] == pytest.approx(big["expected"])
     assert big["sharded"]["peak_over_expected"] == pytest.approx(1.0)
@@ -318,7 +323,8 @@ def test_gpu_targets_meet_miss_and_are_not_measured(gpu_section):
     assert xl["dtypes"]["fp32"]["ours_vs_fsdp2"] == pytest.approx(900 / 700)
     assert xl["baseline"]["source"] == "measured"
     saving = {(s["variant"], s["dtype"]): s["saving"] for s in xl["measured_savings"]}
-    assert saving["ours", "bf16"] == pytest.approx(12.0) and saving["FSDP2", "fp32"] == pytest.approx(13.0)
+    assert saving["ours", "bf16"] == pytest.approx(12e9 / 2**30)
+    assert saving["FSDP2", "fp32"] == pytest.approx(13e9 / 2**30)
     # how far each peak sits above the model state its run holds: the baseline's against DDP's state,
     # each FSDP peak against FSDP's (the explanation of a saving that falls short)
     base, pred = xl["baseline"], xl["predicted"]
@@ -355,8 +361,7 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     _, ctx, out = gpu_section
     text = render(ctx, tmp_path)
     assert "CPU numbers" not in text and "No results yet" not in text
-    assert "on the CPU only the tensor sums" not in text and "The highest of the three peaks falls by" in text
-    assert "the highest peak is the backward's" in text  # the planted activations outweigh the state
+    assert "on the CPU only the tensor sums" not in text and "The steady-state peak falls from" in text
     assert "zero: `oom`" in text and "No ratio: one of the two did not run." in text
     assert "**Yes**: after the first, no layer of the forward waited" in text
     assert "not measured" in text and "✓" in text and "✗" in text
@@ -423,11 +428,11 @@ def test_the_section_builds_from_no_results(tmp_path):
     ctx = sharding.build([], tmp_path)
     assert ctx["env"] == {} and not {"opt", "fsdp", "trace", "targets"} & set(ctx)
     text = render(ctx, tmp_path)
-    assert "No results yet for this section" in text and "###" not in text
+    assert "No results yet for this section" in text and "the steady-state peak" not in text
     assert "ShardedOptimizer(params, optimizer_cls, **kwargs)" in text
 
 
 def test_the_template_renders_an_empty_context(tmp_path):
     """As the report renders a section whose rule has not run: env, tables and figures only."""
     text = render({"env": {}, "tables": {}, "figures": {}}, tmp_path)
-    assert "No results yet for this section" in text and "###" not in text
+    assert "No results yet for this section" in text and "the steady-state peak" not in text
