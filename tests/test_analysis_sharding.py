@@ -157,7 +157,8 @@ def test_the_section_renders_from_cpu_results(cpu_section, tmp_path):
     assert "on the CPU only the tensor sums are shown" in text and "as the accounting below expects" in text
     assert "sections/sharding/fsdp_timeline.png)" in text
     assert "| tiny | step time at bf16 compute, ours ÷ FSDP2 |" in text
-    body = text[text.index("optimizer_state_sharding: the sharded optimizer"):]  # the environment line says "driver n/a" on the CPU
+    # the environment line says "driver n/a" on the CPU
+    body = text[text.index("optimizer_state_sharding: the sharded optimizer"):]
     assert "n/a" not in body and max(table_widths(text)) <= 9
     assert r"12 P \left(N - 1\right) / N" in text  # ours sends half as much again as ZeRO's paper
 
