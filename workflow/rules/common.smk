@@ -1,6 +1,7 @@
 # Shared by every rule file: the grid, the commands every experiment and section rule runs, and the
 # two helpers that register them (`experiment_job`, `section`). Rules are made from the
 # registrations in workflow/rules/rules.smk; names come from cs336sys.registry.
+import glob
 import json
 import os
 import re

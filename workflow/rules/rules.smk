@@ -62,14 +62,15 @@ rule report_markdown:
     localrule: True
     input:
         sections=[f"results/sections/{s}" for s in registry.SECTIONS],
+        # every template: the report's, each section's and its appendix's
         templates=sorted(
-            os.path.join(TEMPLATES, p)
-            for p in ["report.md.j2", "macros.md.j2"] + [s.template for s in registry.SECTIONS.values()]
+            os.path.relpath(p, os.getcwd())
+            for p in glob.glob(os.path.join(REPO, "writeup", "templates", "**", "*.j2"), recursive=True)
         ),
     output:
         "writeup/report.md",
     params:
-        code=code_hash("cs336sys.report"),
+        code=code_hash("cs336sys.report", "cs336sys.deliverables"),
         grid=config["grid"],
     log:
         "logs/report/markdown.log",

@@ -43,7 +43,7 @@ PRESETS: dict[str, Hardware] = {h.name: h for h in [
         "tpu-v5p", flops=4.6e14, bandwidth=2 * 9e10, memory=95e9,
         flops_source="2025 handout, communication_accounting (c): C = 4.6e14 FLOP/s (TPU v5p, from the Scaling Book)",
         bandwidth_source="2025 handout, communication_accounting (c): W_ici = 2 * 9e10 bytes/s",
-        memory_source="2025 handout, communication_accounting (b): 95 GB per v5p device"),
+        memory_source="2025 handout, communication_accounting (b): 95e9 bytes per v5p device"),
     Hardware(
         "h100", flops=743.9e12, bandwidth=450e9, memory=85_017_493_504,
         flops_source="measured by this project: bf16 matmul peak (results/peak/bf16.json)",
@@ -52,11 +52,11 @@ PRESETS: dict[str, Hardware] = {h.name: h for h in [
         memory_source="measured: torch total_memory of the H100 80GB HBM3 (results/peak/*.json env)",
         copy_bandwidth=3.0e12, copy_source="measured by this project: device-to-device copy, about 3.0 TB/s"),
     Hardware(
-        "h200", flops=790e12, bandwidth=326e9, memory=141e9,
-        flops_source="measured by this project on one H200: bf16 matmul, about 790 TFLOP/s (no result file yet)",
-        bandwidth_source="measured by this project on 2x H200: NCCL all-reduce bus bandwidth 326 GB/s at 1 GB "
-                         "over NVLink (no result file yet)",
-        memory_source="NVIDIA H200 datasheet: 141 GB",
+        "h200", flops=989.4e12, bandwidth=450e9, memory=141e9,
+        flops_source="NVIDIA H200 SXM datasheet: dense bf16 (not measured here)",
+        bandwidth_source="NVIDIA H200 SXM datasheet: NVLink 4 at 900 GB/s both ways, 450 GB/s each way "
+                         "(the all-reduces measured on 2 H200s are checked against it)",
+        memory_source="NVIDIA H200 datasheet: 141e9 bytes",
         copy_bandwidth=4.3e12, copy_source="measured by this project: device-to-device copy, about 4.3 TB/s"),
 ]}
 PRESETS["handout"] = replace(PRESETS["tpu-v5p"], name="handout")

@@ -192,7 +192,7 @@ def _top_kernels(ctx: dict, out: Path, forward: dict, train: dict) -> None:
         is_same = None if top_fb is None else top_fb["name"] == top_f["name"]
         if is_same is not None:
             same.append(is_same)
-        shown = distinct_names([top_f["short_name"]] + ([top_fb["short_name"]] if top_fb else []), 30)
+        shown = distinct_names([top_f["short_name"]] + ([top_fb["short_name"]] if top_fb else []), 26)
         fb_cell = "n/a" if top_fb is None else "same" if is_same else f"`{shown[1]}`"
         rows.append({"size": key[0], "context": key[1],
                      f"top forward {ctx['unit']}": f"`{shown[0]}`",
@@ -237,7 +237,7 @@ def _kernel_rows(rows: list[dict], scope: str) -> pd.DataFrame:
         occurrences = r["calls"] / r["calls_per_occurrence"] if r["calls_per_occurrence"] else 1
         return r["total_us"] / 1e3 / occurrences
 
-    names = distinct_names([r["short_name"] for r in rows], 44)
+    names = distinct_names([r["short_name"] for r in rows], 38)
     return pd.DataFrame([{"name": f"`{name}`", "class": r["class"],
                           f"calls / {per}": _count(r["calls_per_occurrence"]), "mean (µs)": r["mean_us"],
                           f"total / {per} (ms)": per_occurrence_ms(r), "share (%)": 100 * r["share"]}

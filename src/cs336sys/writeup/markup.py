@@ -234,6 +234,8 @@ def render(text: str, index: Callable[[Document], str] | None = None) -> tuple[s
             continue
         h = next((h for h in doc.headings if h.line == i), None)
         if h is not None:
+            if out and out[-1].strip():  # a heading starts its own block (pandoc's Markdown needs the blank line)
+                out.append("")
             out.append(f"{'#' * h.level} {h.text}")
             continue
 

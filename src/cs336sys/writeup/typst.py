@@ -22,7 +22,7 @@ from cs336sys.writeup import layout, markup
 READER = ("markdown-tex_math_single_backslash-superscript-subscript-raw_tex-smart"
           "-yaml_metadata_block-citations-example_lists-fancy_lists-definition_lists-native_divs"
           "-native_spans-inline_notes-auto_identifiers+gfm_auto_identifiers+lists_without_preceding_blankline"
-          "+autolink_bare_uris")
+          "+autolink_bare_uris-blank_before_header")
 
 _TABLE_CAPTION = re.compile(r'^<a id="(tbl-[^"]+)"></a>(.*)$')
 _FIGURE_CAPTION = re.compile(r'^<a id="(fig-[^"]+)"></a>(.*)$')
