@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from cs336sys import registry
+from cs336sys.writeup import lint
 
 REPO = Path(__file__).resolve().parent.parent
 CHEAP = registry.local_rules()
@@ -140,7 +141,9 @@ def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
     snakemake(repo_copy, "-c2", *SMOKE)
     smoke = repo_copy / "smoke"
     assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
-    assert "CPU numbers from the smoke grid" in (smoke / "writeup" / "report.md").read_text()
+    smoke_report = (smoke / "writeup" / "report.md").read_text()
+    assert "CPU numbers from the smoke grid" in smoke_report
+    assert lint.problems(smoke_report) == [], "\n".join(lint.problems(smoke_report))  # as the main report's
     assert not (repo_copy / "writeup" / "report.md").exists() or \
         "smoke grid" not in (repo_copy / "writeup" / "report.md").read_text()
 

@@ -135,7 +135,7 @@ def allreduce_rows(frame: pd.DataFrame) -> list[dict]:
                                 group["env.gpu"].notna().any() else None)
         if backend == "nccl" and preset:
             rows.append(_row(f"W: bus bandwidth, {int(world)} GPUs", "GB/s", preset.bandwidth / GB, w / GB,
-                             f"{preset.name} preset: {preset.bandwidth_source}"))
+                             f"the {preset.name} preset (its source: python -m cs336sys.accounting)"))
     return rows
 
 

@@ -143,7 +143,8 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                  "flash_grid": {"batch": sorted({int(v) for v in df["batch"]}),
                                 "heads": sorted({int(v) for v in df["heads"]}),
                                 "seq": [int(df["seq"].min()), int(df["seq"].max())],
-                                "d": [int(df["d"].min()), int(df["d"].max())]}}
+                                "d": [int(df["d"].min()), int(df["d"].max())],
+                                "dtypes": sorted(set(df["dtype"]))}}
     values = [c for c in ("forward_ms", "backward_ms", "fwd_bwd_ms", "graph_forward_ms", "graph_backward_ms",
                           "graph_fwd_bwd_ms") if c in ok]
     wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl", values=values).reset_index()

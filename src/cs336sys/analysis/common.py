@@ -45,9 +45,13 @@ def results_frame(paths: list[Path]) -> pd.DataFrame:
 
 
 def fmt(value, digits: int = 2) -> str:
+    """A cell: `digits` decimals, except that a value too small for them keeps two significant digits
+    (a nonzero number never prints as zero)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float):
+        if value and abs(value) < 0.5 * 10**-digits:
+            return f"{value:.2g}"
         return f"{value:,.{digits}f}"
     return str(value)
 
