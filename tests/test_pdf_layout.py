@@ -439,3 +439,21 @@ def test_the_committed_report_has_its_main_text_in_thirty_pages_and_clean_tables
     assert appendix <= 31, f"the main text takes {appendix - 1} pages"
     tables = [p for p in layout_problems(read_layout(pdf), report.MARGIN_X_CM / 2.54 * 72) if p.startswith("table")]
     assert tables == []
+
+
+def test_no_page_of_the_main_text_is_more_than_40_percent_blank(tmp_path):
+    """Each page of the committed report drawn as a PNG: below its last ink, at most 40 % of the text area is
+    blank, except on the page before the appendix (figures float to the next page instead of leaving a gap)."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    pages = report.render_pages(REPO / "writeup" / "report.md", tmp_path, ppi=30)
+    reader = pypdf.PdfReader(REPO / "writeup" / "report.pdf")
+    appendix = next(i for i, page in enumerate(reader.pages[3:], 4) if "Index of deliverables" in page.extract_text())
+    blank = {}
+    for n, png in enumerate(pages[:appendix - 2], 1):  # up to the page before the one before the appendix
+        grey = mpimg.imread(png)[..., :3].mean(axis=2)
+        top, bottom = int(0.06 * len(grey)), int(0.90 * len(grey))  # the margins and the page number
+        ink = np.where((grey[top:bottom] < 0.95).any(axis=1))[0]
+        blank[n] = 1 - (ink.max() / (bottom - top) if len(ink) else 0)
+    assert {n: round(b, 2) for n, b in blank.items() if b > 0.40} == {}

@@ -136,6 +136,9 @@ STYLE = f"""\
 #set par(justify: false)
 // Captions carry their own numbers ("Table 3."), written into the Markdown so that GitHub shows them too.
 #set figure(numbering: none)
+// An image that does not fit below the text floats to the top of the next page instead of leaving the
+// rest of this one blank; its number and caption go with it, and the text refers to it by number.
+#show figure.where(kind: image): set figure(placement: auto)
 #show figure.caption: set text(size: {layout.TABLE_PT}pt)
 #show figure.caption: set align(left)
 #show figure.caption: set par(justify: false)
