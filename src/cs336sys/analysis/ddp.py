@@ -45,6 +45,9 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     if walls:
         ctx["grid_time"] = walls
     ctx["summary"] = _summary(ctx)
+    missing = (ctx.get("allreduce_nccl_worlds") or {}).get("missing")
+    ctx["limitations"] = [f"The NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs was not run: no "
+                          "machine with that many GPUs was lent."] if missing else []
     return ctx
 
 
