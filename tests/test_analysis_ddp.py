@@ -97,6 +97,16 @@ def test_a_sweep_the_model_cannot_describe_fits_poorly():
     assert f.r2 is not None and f.r2 < ddp_steps.FIT_R2_GOOD
 
 
+def test_a_sweep_no_slower_than_no_communication_has_no_zero_fit_column():
+    # gloo on a busy CPU: every bucketed step as fast as `none` or faster, so the fit's cost is zero
+    by = {"none": {"variant": "none", "mean_ms": 50.0}}
+    for mb, ms, n in [(1, 49.0, 40), (10, 48.5, 5), (100, 49.5, 1)]:
+        by[f"b{mb}"] = {"variant": "bucketed", "bucket_mb": mb, "mean_ms": ms, "all_reduces": n}
+    model = ddp_steps.bucket_model(by, 40 * MIB, None)
+    assert model["fits"]["step"]["predicted_ms"] == pytest.approx([0.0] * 3, abs=1e-9)
+    assert "Δ step fit (ms)" not in model["frame"].columns and "Δ step (ms)" in model["frame"].columns
+
+
 def test_latency_bandwidth_fit_of_an_all_reduce_sweep():
     sizes = [2**20, 10 * 2**20, 100 * 2**20, 2**30]
     o, inv_w = fit_latency_bandwidth(sizes, [2e-5 + n / 3e11 for n in sizes])

@@ -286,7 +286,8 @@ def bucket_model(by: dict, grad_bytes: int, allreduce_fit: dict | None) -> dict 
         fits[name] = _describe_fit(f, s, n_max, pts, measured_best)
         head = "Δ step" if name == "step" else "wait"
         frame[f"{head} (ms)"] = [v * 1e3 for v in y]
-        frame[f"{head} fit (ms)"] = [v * 1e3 for v in f.predicted_s]
+        if any(abs(v) > 1e-12 for v in f.predicted_s):  # a fit of zero cost (o = 0, 1/w = 0) has no column
+            frame[f"{head} fit (ms)"] = [v * 1e3 for v in f.predicted_s]
         if any(fits[name]["residuals_ms"]):  # an exact fit (as many points as constants) has none to show
             frame[f"{head} resid. (ms)"] = fits[name]["residuals_ms"]
     model = {"grad_bytes": grad_bytes, "points": len(pts), "measured_best_mb": measured_best, "fits": fits,
