@@ -64,18 +64,38 @@ def shuffle_times(root: Path) -> None:
         os.utime(p, (1_700_000_000 + i, 1_700_000_000 + i))
 
 
-@pytest.fixture(scope="module")
-def repo_copy(tmp_path_factory) -> Path:
-    """The files a clone of this checkout would have (tracked and untracked-not-ignored)."""
-    dest = tmp_path_factory.mktemp("clone")
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout.split("\0")
+# What the pipeline reads: the workflow, the library, the committed results with their provenance,
+# the report's templates and the profiles. Not tests, notes, tools, nor a .venv in the checkout.
+PIPELINE = ("Snakefile", "config.yaml", "pyproject.toml", "workflow", "src", "results", "benchmarks",
+            ".snakemake/metadata", "writeup", "profiles")
+
+
+def copy_pipeline(dest: Path) -> Path:
+    """The pipeline's files of a clone of this checkout (tracked and untracked-not-ignored) under `dest`."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *PIPELINE], cwd=REPO,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
     for rel in filter(None, listed):
         src = REPO / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return dest
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory) -> Path:
+    dest = copy_pipeline(tmp_path_factory.mktemp("clone"))
+    yield dest
+    shutil.rmtree(dest, ignore_errors=True)  # a smoke run leaves ~100 MB
+
+
+def test_the_copy_holds_the_pipeline_and_nothing_else(repo_copy):
+    top = {p.name for p in repo_copy.iterdir()}
+    assert top == {p.split("/")[0] for p in PIPELINE}
+    assert not (repo_copy / ".venv").exists() and not (repo_copy / "tests").exists()
+    # a virtual environment in the checkout is ignored by git, so neither committed nor copied
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".venv/bin/python"], cwd=REPO)
+    assert ignored.returncode == 0
 
 
 def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
@@ -128,6 +148,31 @@ def test_a_stale_gpu_experiment_on_a_cpu_host_changes_nothing(repo_copy):
     assert "matmul_peak (needs 1 GPU)" in text and "Nothing was run, deleted or rewritten" in text
     assert "profiles/slurm" in text  # says how to run them
     assert tree_digest(repo_copy, "results", ".snakemake/metadata", "benchmarks") == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad status"])
+def test_a_corrupt_result_is_named_before_any_job_runs_and_nothing_is_deleted(repo_copy, damage):
+    rel = "results/ddp_step/2.7B-bf16/bucketed-1000MB.json"
+    path = repo_copy / rel
+    original = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(original[:300])
+    else:
+        path.write_text(original.decode().replace('"status": "ok"', '"status": "finished"', 1))
+    before = tree_digest(repo_copy, "results", ".snakemake/metadata", "writeup")
+    try:
+        proc = snakemake(repo_copy, "-c1", "writeup/report.pdf", check=False)
+        after = tree_digest(repo_copy, "results", ".snakemake/metadata", "writeup")
+    finally:
+        path.write_bytes(original)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    why = "is not valid JSON" if damage == "truncated" else "status 'finished' is not one of ok, oom"
+    line = next(x for x in text.splitlines() if x.strip().startswith(rel))
+    assert why in line, text[-2000:]
+    assert f"git checkout -- {rel}" in text and "--forcerun ddp_step_2_7B_bf16" in text
+    assert "Traceback" not in text and "JSONDecodeError" not in text
+    assert after == before  # the sections that read it were not deleted, nothing rewritten
 
 
 def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):

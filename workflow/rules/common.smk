@@ -202,3 +202,35 @@ def host_gpu_count():
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def refuse_corrupt_results(workflow):
+    """Before any job starts: a result file that a job would read and that is not whole or not of
+    the schema (truncated, hand-edited) is named, with how to restore it, and nothing is run or
+    deleted (else Snakemake removes the reading section's committed outputs, then the section
+    fails on the file)."""
+    from cs336sys.resultcheck import corrupt
+
+    makers = {r: j for j in EXPERIMENT_JOBS for r in j.results}
+    needed = list(workflow.dag.needrun_jobs())
+    remade = {str(f) for j in needed for f in j.output}
+    read = sorted({str(f) for j in needed for f in j.input if str(f) in makers and str(f) not in remade})
+    bad = corrupt((f, makers[f].experiment) for f in read)
+    if not bad:
+        return
+    # in a git checkout, whether each file is committed; elsewhere (a copied tree) not known
+    listed = _git("ls-files", "--", *(f for f, _ in bad))
+    tracked = None if listed is None else {os.path.normpath(p) for p in listed.splitlines()}
+    lines = []
+    for f, why in bad:
+        redo = f"re-make it: snakemake -c1 --forcerun {makers[f].rule} writeup/report.pdf"
+        committed = tracked is None or os.path.relpath(os.path.abspath(f), REPO) in tracked
+        restore = ("restore the committed file: git checkout -- " + f + ("" if tracked else " (if committed)")
+                   + ", or " if committed else "")
+        lines.append(f"  {f} {why}\n    {restore}{redo}")
+    print(
+        f"error: {len(bad)} result file(s) that jobs would read are corrupt:\n" + "\n".join(lines)
+        + "\nNothing was run, deleted or rewritten.",
+        file=sys.stderr,
+    )
+    raise SystemExit(1)

@@ -95,6 +95,7 @@ rule report_pdf:
 
 
 onstart:
+    refuse_corrupt_results(workflow)
     refuse_experiments_this_host_cannot_run(workflow)
 
 
