@@ -86,3 +86,56 @@ def test_autocast_keeps_parameters_loss_and_grads_in_fp32(dtype, low):
     d = run_experiment(run_autocast_dtypes_point, autocast_dtype=dtype)["dtypes"]
     assert d["parameters"] == d["loss"] == d["gradients"] == "float32"
     assert d["fc1 output"] == d["logits"] == low
+
+
+def test_backward_is_timed_alone_and_sums_with_the_forward():
+    m = run_experiment(run_point, size="tiny", context_length=16, mode="forward_backward", warmup=1, steps=3)
+    phases = m["phase_ms"]
+    assert set(phases) == {"forward", "backward"} and all(len(v) == 3 for v in phases.values())
+    assert all(t > 0 for v in phases.values() for t in v)
+    # each phase timed alone, so together they are about one step (not the difference of two modes)
+    assert m["phase_median_ms"]["backward"] < m["median_ms"] * 3
+    assert "gpu_busy_ms" not in m  # no GPU: no busy time, rather than a CPU number under a GPU name
+    train = run_experiment(run_point, size="tiny", context_length=16, mode="train_step", warmup=0, steps=2)
+    assert set(train["phase_ms"]) == {"forward", "backward", "optimizer_step"}
+    forward = run_experiment(run_point, size="tiny", context_length=16, mode="forward", warmup=0, steps=2)
+    assert "phase_ms" not in forward
+
+
+def bench_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cs336sys.bench", "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_json_is_clean_and_states_the_batch():
+    import json
+
+    out = bench_cli("--size", "tiny", "--context-length", "8", "--steps", "2", "--warmup", "1", "--batch-size", "3",
+                    "--json", "--progress", "on")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)  # nothing but the JSON on stdout
+    assert data["settings"]["batch_size"] == 3 and len(data["metrics"]["step_ms"]) == 2
+    assert "warm-up 1/1" in out.stderr and "step 2/2, median so far" in out.stderr  # progress on stderr
+    quiet = bench_cli("--size", "tiny", "--context-length", "8", "--steps", "1", "--warmup", "0")
+    assert quiet.returncode == 0 and "batch=2" in quiet.stdout and "step 1/1" not in quiet.stderr  # not a terminal
+
+
+def test_cli_refuses_a_size_that_cannot_fit_before_building_it():
+    import time
+
+    start = time.monotonic()
+    out = bench_cli("--size", "10B", "--context-length", "2048", "--mode", "train_step", "--batch-size", "64")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "needs about" in out.stderr and "optimizer state" in out.stderr and "--force" in out.stderr
+    assert time.monotonic() - start < 60  # refused from the estimate, not after minutes of building
+
+
+def test_memory_estimate_counts_what_each_mode_keeps():
+    from cs336sys.bench import BenchSettings, memory_estimate
+
+    s = BenchSettings(size="tiny", context_length=64, mode="train_step", device="cpu")
+    parts = memory_estimate(s)
+    assert set(parts) == {"parameters", "gradients", "saved activations", "optimizer state"}
+    assert parts["optimizer state"] == 2 * parts["parameters"] == 2 * parts["gradients"]
+    forward = memory_estimate(BenchSettings(size="tiny", context_length=64, mode="forward", device="cpu"))
+    assert forward == {"parameters": parts["parameters"]}

@@ -5,11 +5,13 @@
 BENCH = GRID["benchmarking"]
 SWEEP = GRID["warmup_sweep"]
 PEAK = GRID["peak"]
-COMPILED = BENCH.get("compiled", {})
+COMPILED = {b["compile"]: b for b in BENCH.get("compiled", [])}
+if len(COMPILED) != len(BENCH.get("compiled", [])):
+    raise WorkflowError("benchmarking.compiled: one block per compile method")
 
 
 def benchmark_points(size, compile_mode):
-    block = BENCH if compile_mode == "eager" else {**BENCH, **COMPILED}
+    block = BENCH if compile_mode == "eager" else {**BENCH, **COMPILED[compile_mode]}
     return [
         dict(size=size, context_length=ctx, mode=mode, dtype=dtype, compile=compile_mode,
              warmup=BENCH["warmup"], steps=BENCH["steps"], optimizer="ours", device=DEVICE)
@@ -18,7 +20,7 @@ def benchmark_points(size, compile_mode):
 
 
 for size in BENCH["sizes"]:
-    for compile_mode in ["eager"] + ([COMPILED["compile"]] if COMPILED else []):
+    for compile_mode in ["eager"] + [c for c, b in COMPILED.items() if size in b.get("sizes", BENCH["sizes"])]:
         points = benchmark_points(size, compile_mode)
         experiment_job("benchmarking", f"{size}-{compile_mode}", points,
                        [f"results/benchmarking/{p['size']}/{p['mode']}-{p['dtype']}-{p['compile']}"

@@ -20,6 +20,7 @@ from cs336sys.analysis.common import (
     size_key,
 )
 
+HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than this waits on the host
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
 
@@ -82,10 +83,12 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     for c in ctx["context_lengths"]:
         sel = eager[(eager["dtype"] == "fp32") & (eager.context_length == c)]
         wide = _pivot_cells(sel, ["size"], "mode")
+        cells, alone = _backward_cells(sel, wide["size"])
+        ctx["backward_timed_alone"] = ctx.get("backward_timed_alone", True) and alone
         wide.insert(wide.columns.get_loc("forward_backward") + 1 if "forward_backward" in wide else len(wide.columns),
-                    "backward", _backward_cells(sel, wide["size"]))
+                    "backward", cells)
         wide = wide.rename(columns={**{m: f"{v} (ms)" for m, v in MODE_LABEL.items()},
-                                    "backward": "backward (ms, difference)"})
+                                    "backward": "backward (ms, timed alone)" if alone else "backward (ms, difference)"})
         ctx["tables"]["timing"][str(c)] = save_table(wide, out, f"timing_fp32_ctx{c}")  # JSON keys are strings
     if ctx["context_lengths"]:
         c = ctx["timing_context_main"] = max(ctx["context_lengths"])
@@ -98,6 +101,8 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
 
     # 4(c): fp32 vs bf16 autocast.
     ctx.update(_precision_speedups(ok, out, ctx))
+    # wall time against the GPU's busy time: which points wait on the host
+    ctx.update(_busy(ok, out, ctx))
     # 8(b): eager vs compiled.
     ctx.update(_compile_speedups(ok, bench, out, ctx))
     # MFU for every train-step row.
@@ -130,7 +135,12 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         ctx["figures"]["times"] = _times_figure(ok, out)
     ctx["summary"] = _summary(ctx)
     ctx["limitations"] = []
-    if ctx.get("bf16_slower"):
+    if ctx.get("host_bound"):
+        ctx["limitations"].append(
+            f"{len(ctx['host_bound'])} eager points keep the GPU busy less than {HOST_BOUND_BUSY:.0%} of their wall "
+            "time: their wall times measure the host (Python and kernel launches), so their trends across sizes, "
+            "contexts and dtypes are the CPU's; the GPU-busy times beside them give the GPU's.")
+    elif ctx.get("bf16_slower"):
         ctx["limitations"].append(
             f"{len(ctx['bf16_slower'])} of the eager bf16 points are slower than fp32: at these sizes and contexts the "
             "step time is the host's (Python and kernel launches), not the GPU's, so these wall times say little "
@@ -156,18 +166,60 @@ def _summary(ctx: dict) -> list[dict]:
     return rows
 
 
-def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> list[str]:
-    """Backward time per step as forward+backward less forward: means of two separately timed modes, so
-    their standard deviations add (the result files time each step whole, not its phases)."""
-    cells = []
+def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> tuple[list[str], bool]:
+    """Backward time per step: timed alone (a synchronisation around each phase) where the result
+    files have it, else forward+backward less forward, means of two separately timed modes, so their
+    standard deviations add. Returns the cells and whether every one was timed alone."""
+    cells, alone = [], True
     for size in sizes:
         by = {r["mode"]: r for _, r in sel[sel["size"] == size].iterrows()}
         f, fb = by.get("forward"), by.get("forward_backward")
+        if fb is not None and fb["status"] == "ok" and isinstance(fb.get("phase_ms"), dict):
+            t = fb["phase_ms"]["backward"]
+            cells.append(f"{statistics.fmean(t):.2f} ± {statistics.stdev(t) if len(t) > 1 else 0.0:.2f}")
+            continue
         if f is None or fb is None or f["status"] != "ok" or fb["status"] != "ok":
             cells.append(fb["status"] if fb is not None and fb["status"] != "ok" else "")
             continue
+        alone = False
         cells.append(f"{fb['mean_ms'] - f['mean_ms']:.2f} ± {fb['std_ms'] + f['std_ms']:.2f}")
-    return cells
+    return cells, alone
+
+
+def _busy(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
+    """Wall time beside the GPU's busy time (the union of its kernels per step, from a profiled pass)
+    for the eager points: where the GPU idles, the wall time is the host's."""
+    if ok.empty or "gpu_busy_median_ms" not in ok or ok["gpu_busy_median_ms"].isna().all():
+        return {}
+    e = ok[(ok["compile"] == "eager") & ok["gpu_busy_median_ms"].notna()].copy()
+    e["busy_pct"] = 100 * e.gpu_busy_median_ms / e.median_ms
+    host = _sorted(e[e.busy_pct < 100 * HOST_BOUND_BUSY], "size", "context_length", "mode", "dtype")
+    c = max(ctx["context_lengths"])
+    at = e[e.context_length == c]
+    wide = at.pivot_table(index=["size", "mode"], columns="dtype", values=["median_ms", "gpu_busy_median_ms"])
+    wide.columns = [f"{dtype} {'wall' if what == 'median_ms' else 'GPU busy'} (ms)" for what, dtype in wide.columns]
+    wide = wide.reset_index()
+    order = [f"{d} {w} (ms)" for d in ("fp32", "bf16") for w in ("wall", "GPU busy") if f"{d} {w} (ms)" in wide]
+    if {"fp32 GPU busy (ms)", "bf16 GPU busy (ms)"} <= set(wide.columns):
+        wide["bf16 speed-up, GPU busy (×)"] = wide["fp32 GPU busy (ms)"] / wide["bf16 GPU busy (ms)"]
+        order.append("bf16 speed-up, GPU busy (×)")
+    wide = _sorted(wide, "size", "mode")
+    wide = wide[["size", "mode", *order]].assign(mode=wide["mode"].map(MODE_LABEL))
+    every = host[["size", "context_length", "mode", "dtype", "median_ms", "gpu_busy_median_ms", "busy_pct"]].rename(
+        columns={"context_length": "context", "median_ms": "wall (ms)", "gpu_busy_median_ms": "GPU busy (ms)",
+                 "busy_pct": "busy (%)"})
+    result = {"tables_busy": save_table(wide, out, "gpu_busy"), "busy_context": c,
+              "host_bound": [f"{r['size']} {MODE_LABEL[r['mode']]} {r['dtype']} ctx {r['context_length']}"
+                             for _, r in host.iterrows()],
+              "busy_pct_range": [float(e.busy_pct.min()), float(e.busy_pct.max())]}
+    if not every.empty:
+        result["tables_host_bound"] = save_table(every.assign(mode=every["mode"].map(MODE_LABEL)), out,
+                                                 "host_bound", digits=1)
+    if "bf16 speed-up, GPU busy (×)" in wide:
+        train = wide[wide["mode"] == MODE_LABEL["train_step"]].dropna(subset=["bf16 speed-up, GPU busy (×)"])
+        result["bf16_busy_train_speedup"] = {r["size"]: float(r["bf16 speed-up, GPU busy (×)"])
+                                             for _, r in train.iterrows()}
+    return result
 
 
 def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
@@ -219,19 +271,21 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
     if merged.empty:
         return {}
     merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
-    merged = _sorted(merged, *keys)
-    table = merged[keys + ["mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(columns={
-        "context_length": "context", "mean_ms_eager": "eager (ms)", "mean_ms_compiled": "compiled (ms)",
-        "speedup": "speed-up (×)"})
+    merged = _sorted(merged, *keys, "compile")
+    table = merged[keys + ["compile", "mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(columns={
+        "context_length": "context", "compile": "compiled", "mean_ms_eager": "eager (ms)",
+        "mean_ms_compiled": "compiled (ms)", "speedup": "speed-up (×)"})
     md = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "compile_speedup")
-    compact = merged.assign(what=merged["mode"].map(MODE_LABEL) + ", " + merged["dtype"] + " (×)").pivot_table(
+    compact = merged.assign(what=merged["mode"].map(MODE_LABEL) + ", " + merged["dtype"]
+                            + (", " + merged["compile"] if len(compiled_modes) > 1 else "") + " (×)").pivot_table(
         index="size", columns="what", values="speedup").reset_index()
     compact.columns.name = None
     md_compact = save_table(_sorted(compact, "size"), out, "compile_speedup_compact")
     fig, ax = figure(3.0)
-    for (mode, dtype), g in merged.groupby(["mode", "dtype"]):
+    for (mode, dtype, method), g in merged.groupby(["mode", "dtype", "compile"]):
         g = _sorted(g, "size")
-        ax.plot(g["size"], g.speedup, marker="o", label=f"{MODE_LABEL[mode]}, {dtype}")
+        ax.plot(g["size"], g.speedup, marker="o" if method == "blocks" else "s",
+                ls="-" if method == "blocks" else "--", label=f"{MODE_LABEL[mode]}, {dtype}, {method}")
     ax.axhline(1, color="grey", lw=0.8)
     ax.set_xlabel("model size")
     ax.set_ylabel("eager time / compiled time (×)")
@@ -240,7 +294,9 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
     return {"tables_compile": md, "tables_compile_compact": md_compact,
             "figure_compile": save_figure(fig, out, "compile_speedup"),
             "compile_method": sorted(compiled_modes),
-            "compile_speedup_range": [float(merged.speedup.min()), float(merged.speedup.max())]}
+            "compile_speedup_range": [float(merged.speedup.min()), float(merged.speedup.max())],
+            "compile_speedup_by_method": {m: [float(g.speedup.min()), float(g.speedup.max())]
+                                          for m, g in merged.groupby("compile")}}
 
 
 def _warmup(warm: pd.DataFrame, out: Path) -> dict:
