@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     md.add_argument("--templates", required=True, type=Path)
     md.add_argument("--out", required=True, type=Path)
     md.add_argument("--grid", default="main", choices=["main", "smoke"])
+    md.add_argument("--pins", default="[]", help="JSON: the result pins in effect (cs336sys.pins.for_report)")
     pdf = sub.add_parser("pdf")
     pdf.add_argument("markdown", type=Path)
     pdf.add_argument("--out", required=True, type=Path)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     pages.add_argument("--ppi", type=int, default=60)
     a = p.parse_args(argv)
     if a.command == "md":
-        render_markdown(a.sections, a.templates, a.out, a.grid)
+        render_markdown(a.sections, a.templates, a.out, a.grid, pins=json.loads(a.pins))
     elif a.command == "pdf":
         render_pdf(a.markdown, a.out)
     else:

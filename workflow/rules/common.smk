@@ -18,6 +18,7 @@ SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
 
+from cs336sys import pins as pins_lib  # noqa: E402
 from cs336sys import registry  # noqa: E402
 from cs336sys.codehash import code_hash  # noqa: E402
 
@@ -148,6 +149,20 @@ def section(name, inputs, extra=None):
 def experiment_code(function):
     """Content hash for an experiment: its function's module closure plus the job runner."""
     return code_hash(function.partition(":")[0], "cs336sys.run")
+
+
+# Result pins (cs336sys.pins): a pinned rule's `code` is the hash its committed results were made
+# with, while their provenance records still hold it. `--config pins=off` ignores every pin.
+PINS_PATH = os.path.join(REPO, "workflow", "pins.yaml")
+try:
+    PINS = pins_lib.load(PINS_PATH) if config.get("pins", "on") == "on" else []
+except pins_lib.PinError as e:
+    raise WorkflowError(str(e))
+
+
+def job_code(job, function):
+    """The `code` parameter of an experiment job: live, or pinned (see PINS)."""
+    return pins_lib.code_for(job.rule, experiment_code(function), job.results, PINS)
 
 
 def points_json(points):

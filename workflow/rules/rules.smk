@@ -17,7 +17,7 @@ for _job in EXPERIMENT_JOBS:
             results=_job.results,
             rendered="--rendered" if _job.rendered else "",
             nproc=_job.ranks,  # ranks to start; `resources: gpu` below may be capped by --resources
-            code=experiment_code(_function),
+            code=job_code(_job, _function),
         log:
             _job.log,
         benchmark:
@@ -72,11 +72,14 @@ rule report_markdown:
     params:
         code=code_hash("cs336sys.report", "cs336sys.deliverables"),
         grid=config["grid"],
+        # the pins in effect, as the report lists them (a pin spent or added changes the report)
+        pins=json.dumps(pins_lib.for_report(PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function)
+                                                   for j in EXPERIMENT_JOBS}), sort_keys=True),
     log:
         "logs/report/markdown.log",
     shell:
         '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {TEMPLATES:q} '
-        "--grid {params.grid} --out {output:q} > {log} 2>&1"
+        "--grid {params.grid} --pins {params.pins:q} --out {output:q} > {log} 2>&1"
 
 
 rule report_pdf:

@@ -1,0 +1,106 @@
+"""Result pins: committed results kept across a code change that does not change what they measure.
+Unit tests of the pins file and the provenance it reads, then the workflow on a copy of the repository
+(the committed GPU results): an edit stales exactly its experiments' jobs, a pin holds them, pins=off
+shows what the pins hold back, and a re-made result spends its pin."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_workflow import copy_pipeline, scheduled
+
+from cs336sys import pins
+
+H1, H2, H3 = "0123456789abcdef", "fedcba9876543210", "00000000ffffffff"
+
+
+def write_record(meta: Path, output: str, code: str, rule: str = "r") -> None:
+    meta.mkdir(parents=True, exist_ok=True)
+    name = base64.b64encode(output.encode()).decode().replace("/", "@")
+    (meta / name).write_text(json.dumps({"rule": rule, "params": ["''", f"'{code}'", "'benchmarking'", "1"]}))
+
+
+@pytest.mark.parametrize("text, said", [
+    ("pins: [", "not valid YAML"),
+    ("pins: {a: 1}", "a list under 'pins'"),
+    ("pins:\n- {reason: x}", "needs 'rules'"),
+    ("pins:\n- {rules: {r: " + H1 + "}}", "needs a 'reason'"),
+    ("pins:\n- {rules: {r: abc}, reason: x}", "not 16 hex digits"),
+    ("pins:\n- {rules: {r: " + H1 + "}, reason: x, colour: red}", "unknown key(s) ['colour']"),
+    ("pins:\n- {rules: {r: " + H1 + "}, reason: x}\n- {rules: {r: " + H2 + "}, reason: y}", "pinned twice"),
+])
+def test_a_malformed_pins_file_is_named(tmp_path, text, said):
+    f = tmp_path / "pins.yaml"
+    f.write_text(text)
+    with pytest.raises(pins.PinError, match=said.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        pins.load(f)
+
+
+def test_a_pin_holds_while_the_records_hold_its_hash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    outs = ["results/x/a.json", "results/x/b.json"]
+    for o in outs:
+        Path(o).parent.mkdir(parents=True, exist_ok=True)
+        Path(o).write_text("{}")
+        write_record(Path(".snakemake/metadata"), o, H1)
+    assert pins.recorded_hash(outs[0]) == H1
+    pin = [pins.Pin(rules={"r": H1}, reason="a message changed")]
+    assert pins.state(H1, H2, outs) == "effective" and pins.code_for("r", H2, outs, pin) == H1
+    pin[0].outputs = {"r": outs}
+    assert pins.for_report(pin, {"r": H2}) == [{"rules": ["r"], "reason": "a message changed",
+                                                "results_commit": "?", "pinned_at": "?"}]
+    assert pins.for_report(pin, {"r": H1}) == []  # the code is back where the results were made
+    assert pins.state(H1, H1, outs) == "unneeded" and pins.code_for("r", H1, outs, pin) == H1
+    write_record(Path(".snakemake/metadata"), outs[1], H3)  # one result re-made with other code
+    assert pins.state(H1, H2, outs) == "spent" and pins.code_for("r", H2, outs, pin) == H2
+    Path(outs[0]).unlink()
+    assert pins.state(H1, H2, outs) == "broken" and pins.code_for("r", H2, outs, pin) == H2
+    assert pins.code_for("other", H2, outs, pin) == H2  # not pinned
+
+
+def test_save_and_load_round_trip(tmp_path):
+    f = tmp_path / "pins.yaml"
+    p = pins.Pin(rules={"a": H1, "b": H2}, reason="only the CLI changed", pinned_at="abc", results_commit="def",
+                 outputs={"a": ["results/a.json"]})
+    pins.save([p], f)
+    assert pins.load(f) == [p] and f.read_text().startswith("# Result pins")
+
+
+def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cs336sys.pins", *args], cwd=repo, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(repo / "src"), "PATH": "/usr/bin:/bin"}, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
+    repo = copy_pipeline(tmp_path / "clone")
+    assert not {r for r in scheduled(repo, "writeup/report.pdf") if r.startswith(("benchmarking_", "warmup_"))}
+    bench = repo / "src" / "cs336sys" / "bench.py"
+    bench.write_text(bench.read_text() + "\n# a new command-line message\n")
+    stale = {r for r in scheduled(repo, "writeup/report.pdf") if not r.endswith("_section")} - {
+        "report_markdown", "report_pdf"}
+    assert stale and all(r.startswith(("benchmarking_", "warmup_")) for r in stale)  # exactly bench's jobs
+
+    bad = cli(repo, "add", "--experiments", "no_such_experiment", "--reason", "x")
+    assert bad.returncode == 2 and "no_such_experiment" in bad.stderr and "Traceback" not in bad.stderr
+    out = cli(repo, "add", "--experiments", "benchmarking", "warmup", "--reason", "only a message changed")
+    assert out.returncode == 0, out.stderr
+    assert all(f"{r}: pinned to" in out.stdout for r in stale)
+    assert not scheduled(repo, "writeup/report.pdf") & stale  # held
+    assert scheduled(repo, "writeup/report.pdf", "--config", "pins=off") >= stale  # what the pins hold back
+    assert "effective" in cli(repo, "list").stdout
+
+    # a re-made result (its record now holds other code) spends its pin: that job runs again
+    rule = sorted(stale)[0]
+    entry = pins.load(repo / "workflow" / "pins.yaml")[0]
+    meta = repo / ".snakemake" / "metadata" / base64.b64encode(entry.outputs[rule][0].encode()).decode()
+    meta.write_text(meta.read_text().replace(entry.rules[rule], H3))
+    assert rule in scheduled(repo, "writeup/report.pdf")
+    assert f"{rule}: spent" in cli(repo, "list").stdout
+    assert f"{rule}: spent, removed" in cli(repo, "prune").stdout
+    assert rule not in pins.load(repo / "workflow" / "pins.yaml")[0].rules
