@@ -2,6 +2,8 @@
 
     python -m cs336sys.accounting --model 2.7B --gpus 8 --strategy fsdp
     python -m cs336sys.accounting --model 10B --gpus 16 --strategy fsdp_tp --tp 4 --hardware h200 --formulas
+    python -m cs336sys.accounting --model 8B --gpus 2 --batch-size 1 --context-length 32768 --attention flash \
+        --hardware h200 --checkpoint every --loss-chunk-tokens 4096 --compute-copy    # the leaderboard step
 
 Strategies: single (one GPU), ddp (gradients all-reduced), zero1 (DDP + optimizer state sharded, our
 ShardedOptimizer), fsdp (matrices sharded, gathered per use), tp (Megatron-style blocks), fsdp_tp

@@ -138,7 +138,7 @@ def _check_checkpointing(setup: Setup) -> None:
 
 def values(setup: Setup) -> dict:
     v = compute.model_values(setup.size, setup.batch_size, setup.context_length)
-    v.update({c: evaluate(e, v) for c, e in memory.PARAMETER_CLASSES.items()})
+    v.update({cls: evaluate(e, v) for cls, e in memory.PARAMETER_CLASSES.items()})
     v.update({N: setup.gpus, N_TP: setup.tp, N_FSDP: setup.gpus // setup.tp, W: setup.hardware.bandwidth,
               K: setup.checkpointed})
     if setup.loss_chunk_tokens is not None:
