@@ -2,6 +2,8 @@
 
     python -m cs336sys.accounting --model 2.7B --gpus 8 --strategy fsdp
     python -m cs336sys.accounting --model 10B --gpus 16 --strategy fsdp_tp --tp 4 --hardware h200 --formulas
+    python -m cs336sys.accounting --model 8B --gpus 2 --batch-size 1 --context-length 32768 --attention flash \
+        --hardware h200 --checkpoint every --loss-chunk-tokens 4096 --compute-copy    # the leaderboard step
 
 Strategies: single (one GPU), ddp (gradients all-reduced), zero1 (DDP + optimizer state sharded, our
 ShardedOptimizer), fsdp (matrices sharded, gathered per use), tp (Megatron-style blocks), fsdp_tp
@@ -16,7 +18,7 @@ import json
 import sys
 
 from cs336sys.accounting.hardware import PRESETS
-from cs336sys.accounting.memory import STRATEGIES
+from cs336sys.accounting.memory import CHECKPOINT_MODES, STRATEGIES
 from cs336sys.accounting.plan import BYTES, as_json, make_setup, plan, render
 from cs336sys.sizes import SIZES
 
@@ -44,6 +46,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", default="naive", choices=["naive", "flash"],
                    help="naive keeps the softmax probabilities; flash keeps O and the log-sum-exp "
                         "and skips masked tiles (default: %(default)s)")
+    p.add_argument("--checkpoint", default="none", choices=CHECKPOINT_MODES,
+                   help="activation checkpointing: none keeps every block's activations; every: a checkpointed "
+                        "block keeps only its input and recomputes the rest in its backward; selective: it also "
+                        "keeps attention's output (flash only), so the recompute skips it (default: %(default)s)")
+    p.add_argument("--checkpoint-blocks", type=int, default=None, metavar="K",
+                   help="how many of the L blocks are checkpointed, 0 <= K <= L (default: all, with --checkpoint "
+                        "every or selective)")
+    p.add_argument("--loss-chunk-tokens", type=int, default=None, metavar="C",
+                   help="the loss is computed over chunks of C tokens, so one chunk's logits exist at a time "
+                        "(default: the whole logits)")
+    p.add_argument("--compute-copy", action="store_true",
+                   help="count a copy of the parameters in the compute dtype kept beside the master weights "
+                        "(the leaderboard step's optimizer keeps one per FSDP shard)")
     p.add_argument("--formulas", action="store_true", help="print each row's formula under it")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
@@ -62,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         batch = a.batch_size if a.batch_size is not None else get_size(a.model).batch_size
         setup = make_setup(a.model, a.gpus, a.strategy, hardware, tp=a.tp, batch_size=batch,
                            context_length=a.context_length, master_dtype=a.master_dtype,
-                           compute_dtype=a.compute_dtype, attention=a.attention)
+                           compute_dtype=a.compute_dtype, attention=a.attention, checkpoint=a.checkpoint,
+                           checkpoint_blocks=a.checkpoint_blocks, loss_chunk_tokens=a.loss_chunk_tokens,
+                           compute_copy=a.compute_copy)
     except ValueError as e:
         p.error(str(e))
     result = plan(setup)

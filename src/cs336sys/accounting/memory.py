@@ -10,6 +10,12 @@ Saved activations (what autograd keeps between the forward and the backward) are
 model as written, eager, naive attention, every tensor in one dtype: `tests/test_accounting_memory.py`
 checks the count against `torch.autograd.graph.saved_tensors_hooks` byte for byte in float32. Under
 autocast, where norms and the loss stay in float32, the same terms at 2 bytes are an estimate.
+
+Activation checkpointing (`CHECKPOINT_MODES`): K of the L blocks keep only their input ("every"), or
+their input and attention's output ("selective", as the leaderboard step's `keep_attention`: the
+recompute then runs everything but the attention kernel's forward); the other L - K keep everything.
+A checkpointed block's backward recomputes its forward, so one block's activations exist again,
+briefly: that transient is counted once, as it is at the peak.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from cs336sys.accounting.symbols import LATEX_NAMES, N_FSDP, N_TP, L, N, V, b, d, f, h, s
+from cs336sys.accounting.symbols import LATEX_NAMES, N_FSDP, N_TP, K, L, N, V, b, c, d, f, h, s
 
 # Parameters by class.
 P_BLOCK = sp.Symbol("P_block", positive=True)  # L (4 d^2 + 3 d d_ff)
@@ -95,8 +101,18 @@ class SavedTerm:
     split_by_tp: bool
 
 
+def attention_saved_terms(attention: str = "naive") -> list[SavedTerm]:
+    """What the attention op itself keeps for its backward (its inputs q, k, v are counted apart)."""
+    if attention == "naive":
+        return [SavedTerm("softmax probabilities", b * h * s**2, True)]
+    if attention == "flash":  # saves O and the row log-sum-exp instead of the probabilities
+        return [SavedTerm("attention output O", b * s * d, True),
+                SavedTerm("log-sum-exp per row", b * h * s, True)]
+    raise ValueError(f"unknown attention {attention!r}; known: naive, flash")
+
+
 def block_saved_terms(attention: str = "naive") -> list[SavedTerm]:
-    terms = [
+    return [
         SavedTerm("RMSNorm input and x/rms (two norms)", 4 * b * s * d, False),
         SavedTerm("RMSNorm rms (two norms)", 2 * b * s, False),
         SavedTerm("q, k, v projections' input", b * s * d, False),
@@ -106,31 +122,69 @@ def block_saved_terms(attention: str = "naive") -> list[SavedTerm]:
         SavedTerm("output projection's input", b * s * d, True),
         SavedTerm("SwiGLU input", b * s * d, False),
         SavedTerm("SwiGLU: w1 x, sigmoid, SiLU, w3 x, their product", 5 * b * s * f, True),
+        *attention_saved_terms(attention),
     ]
-    if attention == "naive":
-        terms.append(SavedTerm("softmax probabilities", b * h * s**2, True))
-    elif attention == "flash":  # saves O and the row log-sum-exp instead of the probabilities
-        terms += [SavedTerm("attention output O", b * s * d, True),
-                  SavedTerm("log-sum-exp per row", b * h * s, True)]
-    else:
-        raise ValueError(f"unknown attention {attention!r}; known: naive, flash")
+
+
+CHECKPOINT_MODES = ("none", "every", "selective")
+
+
+def checkpointed_block_terms(attention: str, checkpoint: str) -> list[SavedTerm]:
+    """What a checkpointed block keeps from its forward to its backward: its input (the residual
+    stream, b s d in the compute dtype), and with "selective" also what attention's fused kernel
+    returns (O and the log-sum-exp), so the recompute skips that kernel."""
+    if checkpoint not in CHECKPOINT_MODES[1:]:
+        raise ValueError(f"checkpointed blocks need a checkpoint mode of {', '.join(CHECKPOINT_MODES[1:])}, "
+                         f"got {checkpoint!r}")
+    terms = [SavedTerm("block input", b * s * d, False)]
+    if checkpoint == "selective":
+        if attention != "flash":  # naive attention's backward needs the probabilities: nothing to keep instead
+            raise ValueError("selective checkpointing keeps a fused attention kernel's outputs (O and the "
+                             "log-sum-exp); it needs flash attention, not naive")
+        terms += attention_saved_terms(attention)
     return terms
 
 
+def _bytes_of(terms: list[SavedTerm], bytes_per_element: int, tp: sp.Expr) -> sp.Expr:
+    return bytes_per_element * sp.Add(*(t.elements / (tp if t.split_by_tp else 1) for t in terms))
+
+
 def block_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1) -> sp.Expr:
-    return bytes_per_element * sp.Add(*(t.elements / (tp if t.split_by_tp else 1)
-                                        for t in block_saved_terms(attention)))
+    return _bytes_of(block_saved_terms(attention), bytes_per_element, tp)
+
+
+def blocks_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1,
+                            checkpoint: str = "none") -> tuple[sp.Expr, sp.Expr]:
+    """The L blocks' saved activations, K of them checkpointed (K a symbol: the plan gives it a
+    value), as (kept from the forward, transient of the backward). A checkpointed block's recompute
+    holds one block's activations again, one block at a time: the transient, Min(K, 1) blocks (none
+    when K = 0), less what "selective" kept, which the recompute reuses instead of making anew."""
+    full = block_activation_bytes(bytes_per_element, attention, tp)
+    if checkpoint == "none":
+        return L * full, sp.Integer(0)
+    kept_terms = checkpointed_block_terms(attention, checkpoint)
+    kept = _bytes_of(kept_terms, bytes_per_element, tp)
+    reused = _bytes_of(kept_terms[1:], bytes_per_element, tp)
+    return (L - K) * full + K * kept, sp.Min(K, 1) * (full - reused)
 
 
 def model_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1,
-                           with_loss: bool = True) -> sp.Expr:
-    """All blocks, plus what is saved once per model: the token ids (int64), the causal mask the naive
-    attention caches (one byte per entry, shared by the blocks), the final norm and the LM head's input,
-    and (`with_loss`) what our cross-entropy keeps (logits, their shifted exponentials, max and sum)."""
-    total = L * block_activation_bytes(bytes_per_element, attention, tp)
-    total += 8 * b * s + bytes_per_element * (3 * b * s * d + b * s)
+                           with_loss: bool = True, checkpoint: str = "none", loss_chunked: bool = False) -> sp.Expr:
+    """All blocks (`blocks_activation_bytes`), plus what is saved once per model: the token ids
+    (int64), the causal mask the naive attention caches (one byte per entry, shared by the blocks),
+    the final norm and the LM head's input, and (`with_loss`) what our cross-entropy keeps (logits,
+    their shifted exponentials, max and sum; int64 targets). `loss_chunked`: the loss runs over
+    chunks of c tokens (the leaderboard step's fused head, or checkpointed chunks), so the logits
+    and what is computed from them exist for one chunk at a time."""
+    kept, transient = blocks_activation_bytes(bytes_per_element, attention, tp, checkpoint)
+    total = kept + 8 * b * s + bytes_per_element * (3 * b * s * d + b * s)
     if attention == "naive":
         total += s**2
+    loss = 0
     if with_loss:
-        total += bytes_per_element * (3 * b * s * V + 2 * b * s) + 8 * b * s
-    return total
+        tokens = c if loss_chunked else b * s
+        loss = bytes_per_element * (3 * tokens * V + 2 * tokens)
+        total += 8 * b * s
+    # The loss's tensors are freed by its backward, which runs before any block's: a recompute never
+    # meets them, so the peak holds the larger of the two, not both.
+    return total + (sp.Max(loss, transient) if checkpoint != "none" else loss)

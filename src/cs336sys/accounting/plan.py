@@ -14,7 +14,7 @@ import sympy as sp
 from cs336sys.accounting import communication as comm
 from cs336sys.accounting import compute, memory
 from cs336sys.accounting.hardware import Hardware, get_hardware
-from cs336sys.accounting.symbols import N_FSDP, N_TP, N, W, b, evaluate, s
+from cs336sys.accounting.symbols import N_FSDP, N_TP, K, N, W, b, c, evaluate, s
 from cs336sys.sizes import ModelSize, get_size
 
 BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
@@ -32,6 +32,30 @@ class Setup:
     master_dtype: str = "fp32"  # parameters, gradients and AdamW moments
     compute_dtype: str = "bf16"  # activations and what FSDP/TP send
     attention: str = "naive"
+    checkpoint: str = "none"  # one of memory.CHECKPOINT_MODES
+    checkpoint_blocks: int | None = None  # K blocks checkpointed; None: all of them (0 when checkpoint is none)
+    loss_chunk_tokens: int | None = None  # cross-entropy over chunks of this many tokens; None: whole logits
+    compute_copy: bool = False  # a compute-dtype copy of the parameters is kept (what FSDP's gathers send)
+
+    @property
+    def checkpointed(self) -> int:
+        """K, the blocks checkpointed."""
+        if self.checkpoint == "none":
+            return 0
+        return self.size.num_layers if self.checkpoint_blocks is None else self.checkpoint_blocks
+
+    def checkpoint_note(self) -> str:
+        if self.checkpointed == 0:
+            return "no checkpointing"
+        return f"{self.checkpointed} of {self.size.num_layers} blocks checkpointed ({self.checkpoint})"
+
+    def describe_checkpointing(self) -> str:
+        layers = self.size.num_layers
+        if self.checkpoint == "none" or self.checkpointed == 0:
+            return f"no activation checkpointing (all {layers} blocks keep their activations)"
+        kept = "input and attention's output (selective)" if self.checkpoint == "selective" else "input"
+        return (f"{self.checkpointed} of {layers} blocks checkpointed (each keeps its {kept}; "
+                f"one block's activations recomputed at a time)")
 
 
 @dataclass
@@ -92,13 +116,33 @@ def make_setup(model: str, gpus: int, strategy: str, hardware: str | Hardware = 
         raise ValueError(f"unknown attention {setup.attention!r}; known: naive, flash")
     if setup.batch_size < 1 or setup.context_length < 1:
         raise ValueError("batch size and context length must be positive")
+    _check_checkpointing(setup)
+    if setup.loss_chunk_tokens is not None and setup.loss_chunk_tokens < 1:
+        raise ValueError(f"--loss-chunk-tokens must be a positive number of tokens, got {setup.loss_chunk_tokens}")
     return setup
+
+
+def _check_checkpointing(setup: Setup) -> None:
+    if setup.checkpoint not in memory.CHECKPOINT_MODES:
+        raise ValueError(f"unknown checkpoint mode {setup.checkpoint!r}; known: {', '.join(memory.CHECKPOINT_MODES)}")
+    layers, k = setup.size.num_layers, setup.checkpoint_blocks
+    if k is not None:
+        if setup.checkpoint == "none":
+            raise ValueError(f"--checkpoint-blocks {k} needs --checkpoint every or selective (it is none)")
+        if not 0 <= k <= layers:
+            raise ValueError(f"--checkpoint-blocks must be between 0 and the {layers} blocks of {setup.size.name}, "
+                             f"got {k}")
+    if setup.checkpoint != "none":
+        memory.checkpointed_block_terms(setup.attention, setup.checkpoint)  # selective needs flash
 
 
 def values(setup: Setup) -> dict:
     v = compute.model_values(setup.size, setup.batch_size, setup.context_length)
-    v.update({c: evaluate(e, v) for c, e in memory.PARAMETER_CLASSES.items()})
-    v.update({N: setup.gpus, N_TP: setup.tp, N_FSDP: setup.gpus // setup.tp, W: setup.hardware.bandwidth})
+    v.update({cls: evaluate(e, v) for cls, e in memory.PARAMETER_CLASSES.items()})
+    v.update({N: setup.gpus, N_TP: setup.tp, N_FSDP: setup.gpus // setup.tp, W: setup.hardware.bandwidth,
+              K: setup.checkpointed})
+    if setup.loss_chunk_tokens is not None:
+        v[c] = min(setup.loss_chunk_tokens, setup.batch_size * setup.context_length)  # the last chunk may be short
     return v
 
 
@@ -121,11 +165,18 @@ def plan(setup: Setup) -> Plan:
     state = [add("memory per GPU", "parameters", memory.parameter_bytes(strategy, master), "B"),
              add("memory per GPU", "gradients", memory.gradient_bytes(strategy, master), "B"),
              add("memory per GPU", "optimizer state (AdamW)", memory.optimizer_state_bytes(strategy, master), "B")]
-    # The count is tested for the unsplit eager model in fp32 with naive attention.
-    exact = setup.compute_dtype == "fp32" and setup.attention == "naive" and tp == 1
-    activations = add("memory per GPU", "saved activations", memory.model_activation_bytes(act, setup.attention, tp),
-                      "B", "as the eager model saves them (tested)" if exact else "estimate (the fp32 eager count "
-                      f"at {act} bytes per element{', split as tensor parallelism would' if tp != 1 else ''})")
+    if setup.compute_copy:  # e.g. the leaderboard step: its optimizer rewrites a bf16 copy of each shard
+        state.append(add("memory per GPU", "parameters, compute-dtype copy", memory.parameter_bytes(strategy, act),
+                         "B", f"{setup.compute_dtype}, kept beside the {setup.master_dtype} master weights"))
+    # The count is tested for the unsplit eager model in fp32 with naive attention, no checkpointing.
+    exact = (setup.compute_dtype == "fp32" and setup.attention == "naive" and tp == 1
+             and setup.checkpointed == 0 and setup.loss_chunk_tokens is None)
+    formula = memory.model_activation_bytes(act, setup.attention, tp, checkpoint=setup.checkpoint,
+                                            loss_chunked=setup.loss_chunk_tokens is not None)
+    activations = add("memory per GPU", "saved activations", formula, "B",
+                      ("as the eager model saves them (tested)" if exact else "estimate: the exact fp32 count, at "
+                       f"{act} bytes per element ({setup.compute_dtype} compute)"
+                       f"{', split as tensor parallelism would' if tp != 1 else ''}") + f"; {setup.checkpoint_note()}")
     total = sum(state) + activations
     out.rows.append(Row("memory per GPU", "total", total, "B", None,
                         "fits" if total <= hw.memory else f"does not fit in {hw.memory / 1e9:.1f} GB"))
@@ -167,6 +218,8 @@ def render(p: Plan, formulas: bool = False) -> str:
              f"strategy {s.strategy} on {s.gpus} GPU(s)" + (f" (tensor-parallel groups of {s.tp})" if s.tp > 1 else "")
              + f"; batch {s.batch_size} x context {s.context_length} per data-parallel rank; "
              f"master {s.master_dtype}, compute {s.compute_dtype}, {s.attention} attention",
+             f"activations: {s.describe_checkpointing()}; loss over "
+             + (f"chunks of {s.loss_chunk_tokens} tokens" if s.loss_chunk_tokens else "the whole logits"),
              f"hardware {hw.name}: C = {hw.flops / 1e12:,.1f} TFLOP/s ({hw.flops_source})",
              f"  W = {hw.bandwidth / 1e9:,.1f} GB/s ({hw.bandwidth_source})",
              f"  memory = {hw.memory / 1e9:,.1f} GB ({hw.memory_source})", ""]
@@ -189,6 +242,9 @@ def as_json(p: Plan) -> dict:
     return {"setup": {"model": p.setup.size.name, "gpus": p.setup.gpus, "strategy": p.setup.strategy, "tp": p.setup.tp,
                       "batch_size": p.setup.batch_size, "context_length": p.setup.context_length,
                       "master_dtype": p.setup.master_dtype, "compute_dtype": p.setup.compute_dtype,
-                      "attention": p.setup.attention, "hardware": p.setup.hardware.as_dict()},
+                      "attention": p.setup.attention, "checkpoint": p.setup.checkpoint,
+                      "checkpoint_blocks": p.setup.checkpointed, "checkpointing": p.setup.describe_checkpointing(),
+                      "loss_chunk_tokens": p.setup.loss_chunk_tokens, "compute_copy": p.setup.compute_copy,
+                      "hardware": p.setup.hardware.as_dict()},
             "rows": [{"group": r.group, "quantity": r.quantity, "value": r.value, "unit": r.unit,
                       "formula": str(r.formula) if r.formula is not None else None, "note": r.note} for r in p.rows]}

@@ -2,8 +2,8 @@
 LaTeX, evaluate it for numbers, solve an inequality in it.
 
 Symbols of the handout's section 8 keep the handout's names (B, D, D_FF, N_DP, N_FSDP, N_TP, C, W, S, N);
-those of our Transformer are named as in `cs336sys.sizes`. All are positive reals, which is what lets
-sympy decide the direction of an inequality once the denominators are cleared.
+those of our Transformer are named as in `cs336sys.sizes`. All are positive reals (but the count K, which may
+be 0), which is what lets sympy decide the direction of an inequality once the denominators are cleared.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ h = sp.Symbol("h", **_pos)  # heads
 V = sp.Symbol("V", **_pos)  # vocabulary
 b = sp.Symbol("b", **_pos)  # sequences in the batch
 s = sp.Symbol("s", **_pos)  # context length
+K = sp.Symbol("K", integer=True, nonnegative=True)  # blocks activation-checkpointed (0 <= K <= L)
+c = sp.Symbol("c", **_pos)  # tokens per cross-entropy chunk, when the loss is computed in chunks
 
 LATEX_NAMES = {
     D_FF: r"D_{\mathrm{FF}}", N_DP: r"N_{\mathrm{DP}}", N_FSDP: r"N_{\mathrm{FSDP}}", N_TP: r"N_{\mathrm{TP}}",
-    M_dev: r"M_{\mathrm{dev}}", d: r"d_{\mathrm{model}}", f: r"d_{\mathrm{ff}}",
+    M_dev: r"M_{\mathrm{dev}}", d: r"d_{\mathrm{model}}", f: r"d_{\mathrm{ff}}", K: r"K_{\mathrm{ckpt}}",
 }
 
 
