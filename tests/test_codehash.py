@@ -44,3 +44,17 @@ def test_unrelated_change_keeps_the_hash(src_copy):
 def test_unknown_module_is_an_error():
     with pytest.raises(ValueError, match="no source for module"):
         codehash.closure("cs336sys.does_not_exist")
+
+
+def test_a_command_line_under_the_main_guard_is_not_what_a_point_runs(src_copy):
+    bench = codehash.closure("cs336sys.bench")
+    assert "cs336sys.bench_cli" not in bench and "cs336sys.accounting.plan" not in bench
+    before = codehash.code_hash("cs336sys.bench")
+    with open(src_copy / "bench_cli.py", "a") as f:  # the CLI's options, messages, estimate
+        f.write("\n# a new message\n")
+    codehash.closure.cache_clear()
+    assert codehash.code_hash("cs336sys.bench") == before
+    with open(src_copy / "bench.py", "a") as f:  # a module-level import outside the guard counts
+        f.write("\nimport cs336sys.precision  # noqa\n")
+    codehash.closure.cache_clear()
+    assert "cs336sys.precision" in codehash.closure("cs336sys.bench")

@@ -25,12 +25,29 @@ def module_path(module: str) -> Path | None:
     return None
 
 
+def _is_main_guard(node: ast.AST) -> bool:
+    """`if __name__ == "__main__":`: its body runs only when the module is the program, never when an
+    experiment imports it, so what it imports is not part of what a point runs (a command line)."""
+    t = node.test if isinstance(node, ast.If) else None
+    return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__"
+            and len(t.comparators) == 1 and isinstance(t.comparators[0], ast.Constant)
+            and t.comparators[0].value == "__main__")
+
+
+def _nodes(tree: ast.Module):
+    """Every node of the module except those inside a top-level main guard."""
+    for top in tree.body:
+        if not _is_main_guard(top):
+            yield from ast.walk(top)
+
+
 def _imports(module: str, path: Path) -> set[str]:
-    """Package-internal modules that `module` imports, anywhere in its body (lazy imports too)."""
+    """Package-internal modules that `module` imports, anywhere in its body (lazy imports too), except
+    under a top-level `if __name__ == "__main__":`."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _nodes(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
