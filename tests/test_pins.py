@@ -32,7 +32,9 @@ def write_record(meta: Path, output: str, code: str, rule: str = "r") -> None:
     ("pins:\n- {rules: {r: " + H1 + "}}", "needs a 'reason'"),
     ("pins:\n- {rules: {r: abc}, reason: x}", "not 16 hex digits"),
     ("pins:\n- {rules: {r: " + H1 + "}, reason: x, colour: red}", "unknown key(s) ['colour']"),
-    ("pins:\n- {rules: {r: " + H1 + "}, reason: x}\n- {rules: {r: " + H2 + "}, reason: y}", "pinned twice"),
+    ("pins:\n- {rules: {r: " + H1 + "}, reason: x}", "'code' needs the hash"),
+    ("pins:\n- {rules: {r: " + H1 + "}, code: {r: " + H2 + "}, reason: x}\n- {rules: {r: " + H2 + "}, code: {r: "
+     + H1 + "}, reason: y}", "pinned twice"),
 ])
 def test_a_malformed_pins_file_is_named(tmp_path, text, said):
     f = tmp_path / "pins.yaml"
@@ -49,11 +51,14 @@ def test_a_pin_holds_while_the_records_hold_its_hash(tmp_path, monkeypatch):
         Path(o).write_text("{}")
         write_record(Path(".snakemake/metadata"), o, H1)
     assert pins.recorded_hash(outs[0]) == H1
-    pin = [pins.Pin(rules={"r": H1}, reason="a message changed")]
-    assert pins.state(H1, H2, outs) == "effective" and pins.code_for("r", H2, outs, pin) == H1
+    pin = [pins.Pin(rules={"r": H1}, code={"r": H2}, reason="a message changed")]
+    assert pins.state(H1, H2, outs, at=H2) == "effective" and pins.code_for("r", H2, outs, pin) == H1
+    # the code changed again after the pin: the pin does not vouch for that change
+    assert pins.state(H1, H3, outs, at=H2) == "outdated" and pins.code_for("r", H3, outs, pin) == H3
     pin[0].outputs = {"r": outs}
-    assert pins.for_report(pin, {"r": H2}) == [{"rules": ["r"], "reason": "a message changed",
-                                                "results_commit": "?", "pinned_at": "?"}]
+    assert pins.for_report(pin, {"r": H2}, experiment_of={"r": "precision"}) == [
+        {"rules": ["r"], "what": "precision", "reason": "a message changed", "results_commit": "?",
+         "pinned_at": "?"}]
     assert pins.for_report(pin, {"r": H1}) == []  # the code is back where the results were made
     assert pins.state(H1, H1, outs) == "unneeded" and pins.code_for("r", H1, outs, pin) == H1
     write_record(Path(".snakemake/metadata"), outs[1], H3)  # one result re-made with other code
@@ -65,7 +70,8 @@ def test_a_pin_holds_while_the_records_hold_its_hash(tmp_path, monkeypatch):
 
 def test_save_and_load_round_trip(tmp_path):
     f = tmp_path / "pins.yaml"
-    p = pins.Pin(rules={"a": H1, "b": H2}, reason="only the CLI changed", pinned_at="abc", results_commit="def",
+    p = pins.Pin(rules={"a": H1, "b": H2}, code={"a": H3, "b": H3}, reason="only the CLI changed", pinned_at="abc",
+                 results_commit="def",
                  outputs={"a": ["results/a.json"]})
     pins.save([p], f)
     assert pins.load(f) == [p] and f.read_text().startswith("# Result pins")
@@ -79,28 +85,36 @@ def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
     repo = copy_pipeline(tmp_path / "clone")
-    assert not {r for r in scheduled(repo, "writeup/report.pdf") if r.startswith(("benchmarking_", "warmup_"))}
-    bench = repo / "src" / "cs336sys" / "bench.py"
-    bench.write_text(bench.read_text() + "\n# a new command-line message\n")
+    experiments = ("mixed_precision_accumulation", "autocast_dtypes")  # the jobs cs336sys.precision runs
+    assert not scheduled(repo, "writeup/report.pdf") & set(experiments)
+    before = pins.load(repo / "workflow" / "pins.yaml")
+    code = repo / "src" / "cs336sys" / "precision.py"
+    code.write_text(code.read_text() + "\n# a new command-line message\n")
     stale = {r for r in scheduled(repo, "writeup/report.pdf") if not r.endswith("_section")} - {
         "report_markdown", "report_pdf"}
-    assert stale and all(r.startswith(("benchmarking_", "warmup_")) for r in stale)  # exactly bench's jobs
+    assert stale == set(experiments)  # exactly the jobs that import it
 
     bad = cli(repo, "add", "--experiments", "no_such_experiment", "--reason", "x")
     assert bad.returncode == 2 and "no_such_experiment" in bad.stderr and "Traceback" not in bad.stderr
-    out = cli(repo, "add", "--experiments", "benchmarking", "warmup", "--reason", "only a message changed")
+    out = cli(repo, "add", "--experiments", *experiments, "--reason", "only a message changed")
     assert out.returncode == 0, out.stderr
     assert all(f"{r}: pinned to" in out.stdout for r in stale)
+    assert pins.load(repo / "workflow" / "pins.yaml")[:len(before)] == before  # earlier pins kept
     assert not scheduled(repo, "writeup/report.pdf") & stale  # held
     assert scheduled(repo, "writeup/report.pdf", "--config", "pins=off") >= stale  # what the pins hold back
-    assert "effective" in cli(repo, "list").stdout
+    assert "mixed_precision_accumulation: effective" in cli(repo, "list").stdout
+    # a second edit of the same code is not what the pin vouched for: the jobs are stale again
+    text = code.read_text()
+    code.write_text(text + "\n# another edit\n")
+    assert scheduled(repo, "writeup/report.pdf") >= stale and "outdated" in cli(repo, "list").stdout
+    code.write_text(text)
 
     # a re-made result (its record now holds other code) spends its pin: that job runs again
-    rule = sorted(stale)[0]
-    entry = pins.load(repo / "workflow" / "pins.yaml")[0]
+    rule = "autocast_dtypes"
+    entry = pins.load(repo / "workflow" / "pins.yaml")[-1]
     meta = repo / ".snakemake" / "metadata" / base64.b64encode(entry.outputs[rule][0].encode()).decode()
     meta.write_text(meta.read_text().replace(entry.rules[rule], H3))
     assert rule in scheduled(repo, "writeup/report.pdf")
     assert f"{rule}: spent" in cli(repo, "list").stdout
     assert f"{rule}: spent, removed" in cli(repo, "prune").stdout
-    assert rule not in pins.load(repo / "workflow" / "pins.yaml")[0].rules
+    assert rule not in pins.load(repo / "workflow" / "pins.yaml")[-1].rules

@@ -13,7 +13,9 @@ A pin names rules and, per rule, the code hash its committed results were made w
 Snakemake's provenance records in `.snakemake/metadata`). The workflow gives a pinned rule that
 hash as its `code` parameter only while every output's record still holds it: once the results
 are re-made (with pins off, or on a GPU host with newer code), the records hold another hash and
-the pin is spent, so a pin can never hide a later change or keep a re-made job running. Spent
+the pin is spent; and a pin also records the code's hash when it was made, so a later edit of the
+same code makes it `outdated` (the job is stale again until re-run or pinned anew): a pin vouches for
+one code change, never hides the next, and cannot keep a re-made job running. Spent
 pins are listed as such and dropped by `prune`. The report lists every pin in effect.
 
 No Snakemake import and no torch: the workflow, the report and the command line all use this.
@@ -51,6 +53,7 @@ class PinError(ValueError):
 class Pin:
     rules: dict[str, str]  # rule name -> code hash its committed results were made with
     reason: str
+    code: dict[str, str] = field(default_factory=dict)  # rule name -> the code's hash when pinned
     pinned_at: str | None = None  # the commit at which the pin was added
     results_commit: str | None = None  # the commit the results were made at (their env.git_commit)
     date: str | None = None
@@ -80,9 +83,12 @@ def load(path: Path = PINS_FILE) -> list[Pin]:
         unknown = set(entry) - set(Pin.__dataclass_fields__)
         if unknown:
             raise PinError(f"{where}: unknown key(s) {sorted(unknown)}")
-        for rule, h in entry["rules"].items():
-            if not isinstance(h, str) or not re.fullmatch(r"[0-9a-f]{16}", h):
-                raise PinError(f"{where}: rule {rule!r} has code hash {h!r}, not 16 hex digits")
+        for key in ("rules", "code"):
+            for rule, h in (entry.get(key) or {}).items():
+                if not isinstance(h, str) or not re.fullmatch(r"[0-9a-f]{16}", h):
+                    raise PinError(f"{where}: {key} of rule {rule!r} is {h!r}, not 16 hex digits")
+        if set(entry.get("code") or {}) != set(entry["rules"]):
+            raise PinError(f"{where}: 'code' needs the hash of the code it was pinned at for each rule")
         pins.append(Pin(**entry))
     seen: dict[str, int] = {}
     for i, p in enumerate(pins):
@@ -122,36 +128,46 @@ def recorded_hash(output: str, metadata: Path = METADATA) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def state(pinned: str, live: str, outputs: list[str], metadata: Path = METADATA) -> str:
-    """`effective` (the results hold the pinned hash, the code has moved on), `spent` (the results
-    were re-made: they hold another hash), `unneeded` (the code is back at the pinned hash), or
+def state(pinned: str, live: str, outputs: list[str], metadata: Path = METADATA, at: str | None = None) -> str:
+    """`effective` (the results hold the pinned hash and the code is what it was when pinned),
+    `outdated` (the code changed again since: the pin no longer vouches for it), `spent` (the results
+    were re-made: they hold another hash), `unneeded` (the code is back at the results' hash), or
     `broken` (results or their records missing)."""
     recorded = {recorded_hash(o, metadata) for o in outputs}
     if not outputs or None in recorded or not all(Path(o).exists() for o in outputs):
         return "broken"
     if recorded != {pinned}:
         return "spent"
-    return "unneeded" if live == pinned else "effective"
+    if live == pinned:
+        return "unneeded"
+    return "effective" if at in (None, live) else "outdated"
 
 
 def code_for(rule: str, live: str, outputs: list[str], pins: list[Pin], metadata: Path = METADATA) -> str:
     """The `code` parameter the workflow gives `rule`: the pinned hash while the pin is in effect,
     else the live one."""
     for p in pins:
-        if rule in p.rules and state(p.rules[rule], live, outputs, metadata) == "effective":
+        if rule in p.rules and state(p.rules[rule], live, outputs, metadata, p.code.get(rule)) == "effective":
             return p.rules[rule]
     return live
 
 
-def for_report(pins: list[Pin], live: dict[str, str], metadata: Path = METADATA) -> list[dict]:
-    """The pins in effect, for the report: rules, reason, the results' and the pin's commits."""
+def for_report(pins: list[Pin], live: dict[str, str], metadata: Path = METADATA,
+               experiment_of: dict[str, str] | None = None) -> list[dict]:
+    """The pins in effect, for the report: rules, what they are (jobs per experiment), reason, the
+    results' and the pin's commits."""
     shown = []
     for p in pins:
         rules = [r for r, h in p.rules.items()
-                 if r in live and state(h, live[r], p.outputs.get(r, []), metadata) == "effective"]
+                 if r in live and state(h, live[r], p.outputs.get(r, []), metadata, p.code.get(r)) == "effective"]
         if rules:
-            shown.append({"rules": rules, "reason": p.reason, "results_commit": (p.results_commit or "?")[:10],
-                          "pinned_at": (p.pinned_at or "?")[:10]})
+            count: dict[str, int] = {}
+            for r in rules:
+                e = (experiment_of or {}).get(r, r)
+                count[e] = count.get(e, 0) + 1
+            what = ", ".join(f"{e} ({n} jobs)" if n > 1 else e for e, n in count.items())
+            shown.append({"rules": rules, "what": what, "reason": p.reason,
+                          "results_commit": p.results_commit or "?", "pinned_at": (p.pinned_at or "?")[:10]})
     return shown
 
 
@@ -208,7 +224,7 @@ def _results_commit(outputs: list[str]) -> str | None:
         except (OSError, json.JSONDecodeError, AttributeError):
             continue
     commits.discard(None)
-    return commits.pop() if len(commits) == 1 else (", ".join(sorted(c[:10] for c in commits)) or None)
+    return ", ".join(sorted(c[:10] for c in commits)) or None  # short forms, as the report prints them
 
 
 def add(rules: list[str], experiments: list[str], reason: str, path: Path = PINS_FILE) -> list[str]:
@@ -247,9 +263,10 @@ def add(rules: list[str], experiments: list[str], reason: str, path: Path = PINS
             said.append(f"{rule}: up to date, not pinned")
             continue
         if rule in pinned_now:
-            said.append(f"{rule}: already pinned")
+            said.append(f"{rule}: already pinned (remove that pin first to pin it again)")
             continue
         new.rules[rule] = made
+        new.code[rule] = h
         new.outputs[rule] = outputs
         said.append(f"{rule}: pinned to {made} (code now {h})")
     if new.rules:
@@ -263,10 +280,10 @@ def describe(path: Path = PINS_FILE) -> list[str]:
     lines = []
     for i, p in enumerate(load(path)):
         lines.append(f"[{i}] {p.reason} (pinned at {(p.pinned_at or '?')[:10]}, results of "
-                     f"{(p.results_commit or '?')[:10]})")
+                     f"{p.results_commit or '?'})")
         for rule, h in p.rules.items():
             now = live.get(rule, ("?", []))[0]
-            lines.append(f"    {rule}: {state(h, now, p.outputs.get(rule, []))}")
+            lines.append(f"    {rule}: {state(h, now, p.outputs.get(rule, []), at=p.code.get(rule))}")
     return lines or ["no pins"]
 
 
@@ -276,9 +293,10 @@ def prune(path: Path = PINS_FILE) -> list[str]:
     kept, said = [], []
     for p in load(path):
         for rule, h in list(p.rules.items()):
-            s = state(h, live.get(rule, ("?", []))[0], p.outputs.get(rule, []))
+            s = state(h, live.get(rule, ("?", []))[0], p.outputs.get(rule, []), at=p.code.get(rule))
             if s in ("spent", "unneeded"):
                 del p.rules[rule]
+                p.code.pop(rule, None)
                 p.outputs.pop(rule, None)
                 said.append(f"{rule}: {s}, removed")
         if p.rules:

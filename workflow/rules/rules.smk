@@ -73,8 +73,9 @@ rule report_markdown:
         code=code_hash("cs336sys.report", "cs336sys.deliverables"),
         grid=config["grid"],
         # the pins in effect, as the report lists them (a pin spent or added changes the report)
-        pins=json.dumps(pins_lib.for_report(PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function)
-                                                   for j in EXPERIMENT_JOBS}), sort_keys=True),
+        pins=json.dumps(pins_lib.for_report(
+            PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
+            experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS}), sort_keys=True),
     log:
         "logs/report/markdown.log",
     shell:
