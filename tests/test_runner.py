@@ -84,3 +84,26 @@ def test_a_rank_that_dies_ends_the_job_in_bounded_time(tmp_path):
     assert proc.returncode == 1 and not outs[0].exists()
     assert "rank(s) [1] did not report" in log or "no rank reported why" in log
     assert seconds < 90
+
+
+def test_a_rank_that_hangs_ends_the_job_in_bounded_time_and_leaves_no_process(tmp_path):
+    proc, outs, seconds = run_job(tmp_path, [{"kind": "hang"}, {"kind": "ok"}], nproc=2)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and not outs[0].exists(), log[-3000:]
+    assert "error in point 1 on rank 0" in log  # the rank left waiting names the point; the hung one is stopped
+    assert read_result(outs[1])["status"] == "ok"  # fresh ranks ran the next point
+    assert seconds < 120  # the process group's timeout (20 s here), not the hour the rank sleeps
+    assert not processes_in(tmp_path), "processes left behind"
+
+
+def processes_in(cwd: Path) -> list[int]:
+    """Live processes whose working directory is `cwd` (the job's ranks ran there)."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if Path(os.readlink(p / "cwd")) == cwd:
+                    found.append(int(p.name))
+            except OSError:
+                continue
+    return found

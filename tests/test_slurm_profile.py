@@ -67,8 +67,10 @@ def test_local_profile_serialises_gpu_jobs():
     assert p.get("executor", "local") == "local"
     assert p["cores"] == "all"
     assert p["resources"]["gpu"] >= 1
-    # A profiles/default/ would silently change what a plain `snakemake -c1` does.
-    assert not (PROFILES / "default").exists()
+    # profiles/default/ applies to every plain `snakemake`: it may only say that a job cut off mid-way
+    # is re-made (what Ctrl-C leaves), never change what runs, where, or on how many cores.
+    assert profile("default") == {"rerun-incomplete": True}
+    assert p["rerun-incomplete"] is True
 
 
 # ---- what sbatch receives, with stand-in Slurm commands (no Slurm) ------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -232,3 +233,36 @@ def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
     precision.write_text(precision.read_text().removesuffix("\n# changed\n"))
     shuffle_times(smoke)
     assert scheduled(repo_copy, *SMOKE) <= CHEAP
+
+
+@pytest.mark.slow
+def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(tmp_path):
+    """Two snakemake runs in one checkout: the second is refused with the lock message. Ctrl-C in the
+    middle of a grid: the next dry run lists the interrupted job and those not started, none that
+    finished, and they re-run without a manual unlock or cleanup."""
+    import signal
+    import time
+
+    repo = copy_pipeline(tmp_path / "clone")
+    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
+    first = subprocess.Popen([sys.executable, "-m", "snakemake", "-c1", *SMOKE], cwd=repo, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    smoke = repo / "smoke"
+    try:
+        deadline = time.monotonic() + 300
+        while not list((smoke / "results").rglob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the first job has written a result: the grid is under way
+        assert first.poll() is None, "the grid ended before it could be interrupted"
+        second = snakemake(repo, "-c1", *SMOKE, check=False)
+        assert second.returncode != 0 and "cannot be locked" in second.stdout + second.stderr
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    log = first.stdout.read()
+    started = set(re.findall(r"^(?:local)?rule (\w+):", log, re.M))
+    finished = {rule for rule in re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log)}
+    assert finished and started - finished, log[-3000:]  # some jobs done, one cut off
+    todo = scheduled(repo, *SMOKE)  # no --rerun-incomplete, no --unlock
+    assert not todo & finished and started - finished <= todo and "report_pdf" in todo

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ from cs336sys.jobs import Run, Unsupported
 
 @dataclass(frozen=True)
 class ToySettings:
-    kind: str = "ok"  # ok | raise | oom | unsupported | die
+    kind: str = "ok"  # ok | raise | oom | unsupported | die | hang
     x: float = 1.0
     failing_rank: int = 1
     device: str = "cpu"
@@ -32,6 +33,8 @@ def run_toy(settings: ToySettings, run: Run) -> dict:
             raise Unsupported("no such backend here (planted)")
         if settings.kind == "die":
             os._exit(9)
+        if settings.kind == "hang":  # never reaches the barrier the others wait in
+            time.sleep(3600)
     if run.world_size > 1 and settings.kind != "ok":
         dist.barrier()  # the healthy ranks wait here for the failed one: the runner must not hang
     if run.rendered_dir is not None:
