@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import pytest
 import torch
 
@@ -77,3 +79,25 @@ def rerun_under_the_interpreter(test_file: str, deselect: str, timeout_s: float 
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+
+
+GPU_SKIP_REASON = "needs a CUDA GPU"
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    """The reason text of a skipped report (its longrepr is (path, line, "Skipped: reason"))."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Fail a test that skips for want of a GPU but lacks the `gpu` marker: `pytest -m gpu` on the GPU
+    host must select every such test, so the set cannot drift as tests are added."""
+    report = yield
+    if report.skipped and GPU_SKIP_REASON in _skip_reason(report) and item.get_closest_marker("gpu") is None:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} skips ({_skip_reason(report)}) but has no @pytest.mark.gpu: "
+                           f"mark it (or its module's pytestmark) so `pytest -m gpu` runs it on a GPU host")
+    return report

@@ -5,7 +5,8 @@ As in test_leaderboard_adamw.py: the first test re-runs this file with TRITON_IN
 kernels run on CPU tensors (float32: the interpreter's bf16 is not the GPU's); in this process the
 functions take the model's torch ops, and the interpreter-only tests are skipped with that reason.
 On a GPU the same fp32 kernel tests also run compiled, on CUDA tensors, and the bf16 tests at the 8B's
-widths run there; without CUDA they skip. Inputs are fresh random tensors each run.
+widths run there; without CUDA they skip. Both carry the `gpu` marker, so `pytest -m gpu` runs them on a
+GPU host. Inputs are fresh random tensors each run.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def run_both(fn, ref, inputs: list[torch.Tensor], extra=(), dtype=None):
 # --------------------------------------------------------------------------------- interpreter
 
 
+@pytest.mark.gpu
 @kernels_run
 @pytest.mark.usefixtures("kernel_device")
 @pytest.mark.parametrize("shape", [(14, 48), (2, 7, 100), (1, 64), (3, 5, 33)])
@@ -94,6 +96,7 @@ def test_rms_norm_matches_float64(fresh_seed, shape):
         assert rel(got, ref) < 5 * FP32_REL_TOL * shape[-1] ** 0.5
 
 
+@pytest.mark.gpu
 @kernels_run
 @pytest.mark.usefixtures("kernel_device")
 def test_rms_norm_backward_of_a_strided_gradient(fresh_seed):
@@ -105,6 +108,7 @@ def test_rms_norm_backward_of_a_strided_gradient(fresh_seed):
     assert rel(x.grad, ref_x.grad.double()) < 1e-5 and rel(weight.grad, ref_w.grad.double()) < 1e-5
 
 
+@pytest.mark.gpu
 @kernels_run
 @pytest.mark.usefixtures("kernel_device")
 @pytest.mark.parametrize("shape", [(3000,), (17, 33), (2, 3, 7)])
@@ -116,6 +120,7 @@ def test_silu_gate_matches_float64(fresh_seed, shape):
         assert rel(got, ref) < 4 * FP32_REL_TOL
 
 
+@pytest.mark.gpu
 @kernels_run
 @pytest.mark.usefixtures("kernel_device")
 @pytest.mark.parametrize("batch,heads,seq,d_head", [(2, 3, 37, 6), (1, 2, 64, 16), (1, 1, 5, 10)])
@@ -138,6 +143,7 @@ def test_rotary_matches_float64_and_keeps_the_layout(fresh_seed, batch, heads, s
     torch.testing.assert_close(out, rope(x.detach(), torch.arange(seq)), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.gpu
 @kernels_run
 @pytest.mark.usefixtures("kernel_device")
 def test_rotary_gradient_is_in_the_input_layout(fresh_seed):
@@ -167,6 +173,7 @@ def _block_against_module(block: TransformerBlock, x: torch.Tensor):
     return out, want, grads
 
 
+@pytest.mark.gpu
 @kernels_run
 @pytest.mark.usefixtures("kernel_device")
 def test_fused_block_matches_the_module(fresh_seed):

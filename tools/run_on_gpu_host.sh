@@ -11,15 +11,35 @@
 # into the checkout and commit it. CS336SYS_GIT_COMMIT names the commit whose code runs, since the
 # copy has no .git; the tree must be that commit's (CS336SYS_GIT_DIRTY=0 says so). Jobs run one at a time
 # (-c1): nothing else disturbs a timing, CPU-only (gloo) jobs included.
+#
+#   tools/run_on_gpu_host.sh tests [PYTEST_ARG...]
+#
+# instead runs the GPU tests, `python3 -m pytest -m gpu -q` (the tests that compile the kernels and
+# run on CUDA; README "Tests on a GPU"), with src/ on the path, writing their output to
+# $OUT/pytest-gpu.log (or ./pytest-gpu.log) as well; the exit status is pytest's. Collecting the
+# tests imports every test module, one of which needs pypdf: build the wheels with both
+# (wheelhouse.sh .whl pytest pypdf).
 set -uo pipefail
-limit=${1:?usage: run_on_gpu_host.sh SECONDS TARGET...}
+export PYTHONUNBUFFERED=1
+needed=snakemake
+[[ ${1:-} == tests ]] && needed="pytest pypdf"
+for module in $needed; do  # one missing: install the wheels
+    if ! python3 -c "import $module" 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+        break
+    fi
+done
+if [[ ${1:-} == tests ]]; then
+    shift
+    export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+    python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "${OUT:-.}/pytest-gpu.log"
+    exit "${PIPESTATUS[0]}"
+fi
+limit=${1:?usage: run_on_gpu_host.sh SECONDS TARGET... | run_on_gpu_host.sh tests [PYTEST_ARG...]}
 shift
 : "${CS336SYS_GIT_COMMIT:?set CS336SYS_GIT_COMMIT to the commit of this tree}"
-export CS336SYS_GIT_DIRTY=${CS336SYS_GIT_DIRTY:-0} PYTHONUNBUFFERED=1
-if ! python3 -c "import snakemake" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+export CS336SYS_GIT_DIRTY=${CS336SYS_GIT_DIRTY:-0}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 echo "== $(date -u +%FT%TZ) ${gpus} GPU(s), commit ${CS336SYS_GIT_COMMIT}, limit ${limit} s: $*"
 start=$SECONDS

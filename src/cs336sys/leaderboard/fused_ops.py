@@ -60,18 +60,21 @@ def rms_norm_forward_kernel(X, W, Y, RSTD, d, stride_x, stride_y, eps, BLOCK_D: 
 
 @triton.jit
 def rms_norm_backward_kernel(DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, d, stride_dy, stride_x, stride_dx,
-                             rows_per_program, BLOCK_D: tl.constexpr):
-    """dx for `rows_per_program` consecutive rows, and their part of dw (summed over programs later).
+                             ROWS_PER_PROGRAM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dx for `ROWS_PER_PROGRAM` consecutive rows, and their part of dw (summed over programs later).
 
     With xhat = x / rms and g = dy * w: dx = (g - xhat * mean(g * xhat)) / rms, dw = sum_rows dy * xhat.
+    The row count is a constexpr because Triton 3.6's interpreter cannot take a tensor as a `range`
+    bound (it converts the 1-element array with int(), which NumPy >= 2.4 refuses); compiled, a constant
+    trip count costs one compile per distinct count (one per batch shape in a run).
     """
     program = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < d
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for i in range(rows_per_program):
-        row = program * rows_per_program + i
+    for i in range(ROWS_PER_PROGRAM):
+        row = program * ROWS_PER_PROGRAM + i
         mask = col_ok & ((cols * 0 + row) < n_rows)  # a block mask: the interpreter rejects scalar ones
         x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
@@ -125,8 +128,9 @@ class _RMSNormFunction(torch.autograd.Function):
         partial = torch.empty((programs, d), dtype=torch.float32, device=rows.device)
         block = triton.next_power_of_2(d)
         rms_norm_backward_kernel[(programs,)](dy, rows, weight, rstd, dx, partial, n_rows, d, dy.stride(0),
-                                              rows.stride(0), dx.stride(0), triton.cdiv(n_rows, programs),
-                                              BLOCK_D=block, num_warps=_warps(block))
+                                              rows.stride(0), dx.stride(0),
+                                              ROWS_PER_PROGRAM=triton.cdiv(n_rows, programs), BLOCK_D=block,
+                                              num_warps=_warps(block))
         return dx.view(ctx.x_shape), partial.sum(0).to(weight.dtype), None
 
 
