@@ -209,6 +209,7 @@ def _busy(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
         columns={"context_length": "context", "median_ms": "wall (ms)", "gpu_busy_median_ms": "GPU busy (ms)",
                  "busy_pct": "busy (%)"})
     result = {"tables_busy": save_table(wide, out, "gpu_busy"), "busy_context": c,
+              "host_bound_busy_pct": 100 * HOST_BOUND_BUSY,
               "host_bound": [f"{r['size']} {MODE_LABEL[r['mode']]} {r['dtype']} ctx {r['context_length']}"
                              for _, r in host.iterrows()],
               "busy_pct_range": [float(e.busy_pct.min()), float(e.busy_pct.max())]}
