@@ -1,6 +1,7 @@
 # cs336sys: CS336 Assignment 2 (Systems and Parallelism), measured and written up.
 #   snakemake -c1 writeup/report.pdf                      # main grid (GPU results), renders the report
 #   snakemake -c1 writeup/report.pdf --config grid=smoke  # tiny CPU grid, everything under smoke/
+#   snakemake -n --config grid=next                       # the overlay: what is ahead of the committed report
 # See README.md. The rule of a result file results/<experiment>/... is registered in
 # workflow/rules/<part>.smk; rules.smk turns the registrations into rules.
 
@@ -10,7 +11,7 @@ configfile: f"{workflow.basedir}/config.yaml"
 include: "workflow/rules/common.smk"
 
 
-if config["grid"] == "smoke":
+if "smoke" in config["grid"].split("+"):
 
     workdir: f"{workflow.basedir}/smoke"
 
@@ -29,4 +30,4 @@ include: "workflow/rules/rules.smk"
 rule all:
     default_target: True
     input:
-        "writeup/report.pdf",
+        f"{VIEW}writeup/report.pdf",

@@ -103,7 +103,7 @@ def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
     proc = snakemake(repo_copy, "-n", "--config", "grid=huge", check=False)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
-    assert "grid" in text and "'huge' is not one of ['main', 'smoke']" in text
+    assert "grid" in text and "'huge' is not one of ['main', 'smoke', 'next', 'smoke+next']" in text
 
 
 def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
@@ -266,3 +266,41 @@ def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jo
     assert finished and started - finished, log[-3000:]  # some jobs done, one cut off
     todo = scheduled(repo, *SMOKE)  # no --rerun-incomplete, no --unlock
     assert not todo & finished and started - finished <= todo and "report_pdf" in todo
+
+
+def shell_commands(cwd: Path, *args: str) -> dict[str, str]:
+    """rule -> its shell command in a dry run (the points and result paths it would run)."""
+    out = snakemake(cwd, *args, "-n", "-p").stdout
+    found, rule = {}, None
+    for line in out.splitlines():
+        if m := re.match(r"^(?:local)?rule (\w+):", line):
+            rule = m.group(1)
+        elif rule and "cs336sys.run" in line:
+            found[rule] = line.strip()
+            rule = None
+    return found
+
+
+def test_the_overlay_lists_exactly_its_new_jobs_and_promoting_it_reruns_nothing(repo_copy, tmp_path):
+    """A point in the overlay `next` is a job that `--config grid=next` runs with results at their final
+    paths, its sections and report under next/; moved into `main` it is the same job (same points, same
+    result files), so once its results exist the promotion re-runs nothing."""
+    import yaml
+
+    config = yaml.safe_load((repo_copy / "config.yaml").read_text())
+    overlay = {**config, "next": {"leaderboard": {"jobs": {"overlay_probe": ["ours"]}}}}
+    (tmp_path / "next.yaml").write_text(yaml.safe_dump(overlay))
+    new = {r for r in scheduled(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
+           if r not in CHEAP and r != "all"}
+    assert new == {"leaderboard_step_overlay_probe"}
+    dry = snakemake(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next", "-n").stdout
+    assert "next/writeup/report.pdf" in dry and "results/leaderboard_step/overlay_probe/ours.json" in dry
+    assert "next/results/leaderboard_step" not in dry  # results at their final paths
+
+    promoted = {**config, "next": {}}
+    promoted["main"]["leaderboard"]["jobs"]["overlay_probe"] = ["ours"]
+    (tmp_path / "promoted.yaml").write_text(yaml.safe_dump(promoted))
+    before = shell_commands(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
+    after = shell_commands(repo_copy, "--configfile", str(tmp_path / "promoted.yaml"))
+    assert before["leaderboard_step_overlay_probe"] == after["leaderboard_step_overlay_probe"]
+    assert not (repo_copy / "next").exists()  # a dry run writes nothing; the committed report is untouched

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     md.add_argument("--sections", nargs="+", required=True, type=Path)
     md.add_argument("--templates", required=True, type=Path)
     md.add_argument("--out", required=True, type=Path)
-    md.add_argument("--grid", default="main", choices=["main", "smoke"])
+    md.add_argument("--grid", default="main", choices=["main", "smoke", "next"])
     md.add_argument("--pins", default="[]", help="JSON: the result pins in effect (cs336sys.pins.for_report)")
     pdf = sub.add_parser("pdf")
     pdf.add_argument("markdown", type=Path)

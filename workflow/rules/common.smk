@@ -33,7 +33,19 @@ def merged(base, overlay):
             for k in {**base, **overlay}}
 
 
-GRID = config["main"] if config["grid"] == "main" else merged(config["main"], config["smoke"])
+# Grids: `main` (the committed results), `smoke` (tiny CPU models, under smoke/), and the overlay
+# `next`: grid points and jobs whose code or results are ahead of the committed report. `next` runs
+# main + next with results at their final paths (promoting a point to `main` later re-runs nothing) but
+# its sections and report under next/ (git-ignored), never over the committed ones; `smoke+next` is
+# the smoke grid with the overlay's points, under smoke/.
+GRID_PARTS = config["grid"].split("+")
+GRID = config["main"]
+if "next" in GRID_PARTS:
+    GRID = merged(GRID, config.get("next") or {})
+if "smoke" in GRID_PARTS:
+    GRID = merged(GRID, config["smoke"])
+VIEW = "next/" if config["grid"] == "next" else ""  # where this grid's sections and report go
+REPORT_GRID = "smoke" if "smoke" in GRID_PARTS else config["grid"]  # what the report says it is
 validate(GRID, schema="../schemas/grid.schema.yaml")
 DEVICE = GRID["device"]
 REPO = workflow.basedir  # templates and sources are read from here, also when workdir is smoke/

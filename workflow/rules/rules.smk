@@ -37,13 +37,13 @@ for _name, _section in SECTION_INPUTS.items():
         input:
             _section["inputs"],
         output:
-            directory(f"results/sections/{_name}"),
+            directory(f"{VIEW}results/sections/{_name}"),
         params:
             section=_name,
             extra=json.dumps(_section["extra"], sort_keys=True),
             code=code_hash(registry.section(_name).module),
         log:
-            f"logs/sections/{_name}.log",
+            f"{VIEW}logs/sections/{_name}.log",
         shell:
             ANALYSIS
 
@@ -61,23 +61,23 @@ TEMPLATES = os.path.relpath(os.path.join(REPO, "writeup", "templates"), os.getcw
 rule report_markdown:
     localrule: True
     input:
-        sections=[f"results/sections/{s}" for s in registry.SECTIONS],
+        sections=[f"{VIEW}results/sections/{s}" for s in registry.SECTIONS],
         # every template: the report's, each section's and its appendix's
         templates=sorted(
             os.path.relpath(p, os.getcwd())
             for p in glob.glob(os.path.join(REPO, "writeup", "templates", "**", "*.j2"), recursive=True)
         ),
     output:
-        "writeup/report.md",
+        f"{VIEW}writeup/report.md",
     params:
         code=code_hash("cs336sys.report", "cs336sys.deliverables"),
-        grid=config["grid"],
+        grid=REPORT_GRID,
         # the pins in effect, as the report lists them (a pin spent or added changes the report)
         pins=json.dumps(pins_lib.for_report(
             PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
             experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS}), sort_keys=True),
     log:
-        "logs/report/markdown.log",
+        f"{VIEW}logs/report/markdown.log",
     shell:
         '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {TEMPLATES:q} '
         "--grid {params.grid} --pins {params.pins:q} --out {output:q} > {log} 2>&1"
@@ -88,11 +88,11 @@ rule report_pdf:
     input:
         rules.report_markdown.output,
     output:
-        "writeup/report.pdf",
+        f"{VIEW}writeup/report.pdf",
     params:
         code=code_hash("cs336sys.report"),
     log:
-        "logs/report/pdf.log",
+        f"{VIEW}logs/report/pdf.log",
     shell:
         '"$CS336SYS_PYTHON" -m cs336sys.report pdf {input:q} --out {output:q} > {log} 2>&1 && '
         'echo "report: $(pwd)/{output}"'
@@ -104,6 +104,6 @@ onstart:
 
 
 onsuccess:
-    if config["grid"] == "smoke":
+    if "smoke" in GRID_PARTS:
         print(f"smoke grid (CPU pipeline check, not results) written under {os.getcwd()}/: "
               "writeup/report.pdf, results/, logs/", file=sys.stderr)
