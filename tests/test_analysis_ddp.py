@@ -375,7 +375,7 @@ def test_bucket_model_fit_recovers_the_grid_constants(gpu_section):
 
 
 def test_trace_table_and_timeline(gpu_section):
-    _, ctx, out = gpu_section
+    root, ctx, out = gpu_section
     rows = {r["variant"]: r for r in ctx["trace_rows"]}
     assert list(rows) == ["naive", "overlap", "bucketed"]
     assert rows["naive"]["overlapped_ms"] == 0.0 and rows["naive"]["comm_ms"] == pytest.approx(0.12)
@@ -383,6 +383,16 @@ def test_trace_table_and_timeline(gpu_section):
     assert rows["overlap"]["overlapped_share"] == pytest.approx(0.75)
     assert (out / ctx["trace_figure"]).stat().st_size > 10_000
     assert ctx["trace_settings"]["source"] == "cuda"
+    # each trace against the benchmark's step of the same variant, and against the bandwidth bound
+    facts = {f["label"]: f for f in ctx["trace_vs_bench"]}
+    steps = {r["settings"]["variant"]: r["metrics"] for r in map(read_result, sorted(
+        (root / "results" / "ddp_step").rglob("*.json"))) if r["settings"]["size"] == "2.7B"
+        and r["settings"]["dtype"] == ctx["trace_settings"]["dtype"] and r["status"] == "ok"}
+    naive = facts["naive"]
+    assert naive["ratio"] == pytest.approx(rows["naive"]["span_ms"] / steps["naive"]["mean_ms"])
+    bound = 2 * (ctx["trace_busbw_ranks"] - 1) / ctx["trace_busbw_ranks"] * steps["naive"]["grad_bytes"] / (
+        ctx["trace_busbw_gbps"] * 1e9) * 1e3
+    assert naive["bound_ms"] == pytest.approx(bound) and naive["stretch"] == pytest.approx(naive["comm_ms"] / bound)
 
 
 def test_grid_time_sums_the_timing_records(gpu_section):

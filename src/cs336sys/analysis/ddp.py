@@ -41,6 +41,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         ctx.update(ar)
         ctx.update(ddp_steps.jobs(frame[frame.problem == "ddp_step"], out, ar.get("allreduce_fits")))
         ctx.update(trace(frame[frame.problem == "ddp_trace"], out))
+        ctx.update(trace_against_benchmark(ctx, frame, out))
     walls = grid_time([p for p in paths if p.suffix == ".tsv"])
     if walls:
         ctx["grid_time"] = walls
@@ -234,7 +235,7 @@ def trace(df: pd.DataFrame, out: Path) -> dict:
         label = ddp_steps.variant_label(r["variant"], b)
         t = r["totals"]
         comm, overlapped = t["communication_us"] / 1e3, t["communication_overlapped_us"] / 1e3
-        row = {"variant": r["variant"], "label": label, "span_ms": t["span_us"] / 1e3,
+        row = {"variant": r["variant"], "label": label, "bucket_mb": b, "span_ms": t["span_us"] / 1e3,
                "compute_ms": t["compute_us"] / 1e3,
                "comm_ms": comm, "overlapped_ms": overlapped, "exposed_ms": comm - overlapped,
                "overlapped_share": overlapped / comm if comm > 0 else None}
@@ -267,6 +268,51 @@ def trace(df: pd.DataFrame, out: Path) -> dict:
         ctx["trace_figure"] = timeline_figure(summaries, titles, out)
         ctx["trace_settings"]["source"] = summaries[0].get("source")
     return ctx
+
+
+def trace_against_benchmark(ctx: dict, frame: pd.DataFrame, out: Path) -> dict:
+    """The profiled step beside the benchmark's steps of the same variant (size, dtype, bucket), and
+    each trace's NCCL kernel time beside the time the all-reduce of the gradients needs at the measured
+    bus bandwidth. A profiled step is one step with the profiler's per-operator cost on the host, so its
+    span is not a step time; an NCCL kernel's time is its time resident on the GPU, waiting for the
+    other rank and sharing the GPU with compute, so it is not a transfer time."""
+    rows = ctx.get("trace_rows")
+    settings = ctx.get("trace_settings")
+    steps = frame[(frame.problem == "ddp_step") & (frame.status == "ok")] if not frame.empty else frame
+    if not rows or steps.empty:
+        return {}
+    steps = steps[(steps["size"] == settings["size"]) & (steps["dtype"] == settings["dtype"])]
+    ar = frame[(frame.problem == "allreduce") & (frame.status == "ok")]
+    nccl = ar[ar.get("backend", pd.Series(index=ar.index, dtype=object)).fillna("") == "nccl"] if not ar.empty else ar
+    nccl = nccl[nccl["world_size"] == nccl["world_size"].min()] if not nccl.empty else nccl  # the traced ranks: 2
+    largest = nccl.sort_values("size_bytes").iloc[-1] if not nccl.empty else None
+    busbw = float(largest["busbw_gbps"]) if largest is not None else None
+    ranks = int(largest["world_size"]) if largest is not None else None
+    table, facts = [], []
+    for r in rows:
+        same = steps[steps["variant"] == r["variant"]]
+        if r["bucket_mb"] is not None:
+            same = same[same["bucket_size_mb"] == r["bucket_mb"]]
+        if same.empty:
+            continue
+        b = same.iloc[0]
+        row = {"variant": r["label"], "profiled step (ms)": r["span_ms"],
+               "benchmark step (ms)": f"{b['mean_ms']:.2f} ± {b['std_ms']:.2f}",
+               "profiled / benchmark (×)": r["span_ms"] / b["mean_ms"], "NCCL kernels (ms)": r["comm_ms"]}
+        fact = {"label": r["label"], "ratio": r["span_ms"] / b["mean_ms"], "comm_ms": r["comm_ms"],
+                "grad_gib": float(b["grad_bytes"]) / 2**30}
+        if busbw:
+            # a ring all-reduce of S bytes over r ranks moves 2(r-1)/r S per rank: t = that / busbw
+            bound = 2 * (ranks - 1) / ranks * float(b["grad_bytes"]) / (busbw * 1e9) * 1e3
+            row["at the bus bandwidth (ms)"] = bound
+            row["kernels / bound (×)"] = r["comm_ms"] / bound
+            fact |= {"bound_ms": bound, "stretch": r["comm_ms"] / bound, "under_ms": r["overlapped_ms"]}
+        table.append(row)
+        facts.append(fact)
+    if not table:
+        return {}
+    return {"trace_vs_bench_table": save_table(pd.DataFrame(table), out, "ddp_trace_vs_benchmark", digits=2),
+            "trace_vs_bench": facts, "trace_busbw_gbps": busbw, "trace_busbw_ranks": ranks}
 
 
 def timeline_figure(summaries: list[dict], titles: list[str], out: Path, name: str = "ddp_timeline") -> str:
