@@ -109,6 +109,19 @@ def test_explicit_tile_configs_match():
 
 
 @interpreted
+def test_ieee_float32_products_match_float64_and_a_bad_precision_is_named():
+    q, k, v = random_qkv((2,), 70, 70, 32)
+    out = FlashAttention2Triton.apply(q, k, v, True, "ieee")
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    assert rel_err(out, naive_attention(q.detach().double(), k.detach().double(), v.detach().double(), True)) < 1e-5
+    for got, want in zip((q.grad, k.grad, v.grad), reference_grads(q, k, v, grad_out, True), strict=True):
+        assert rel_err(got, want) < 1e-5
+    with pytest.raises(ValueError, match="unknown float32 precision 'tf16'"):
+        FlashAttention2Triton.apply(q, k, v, True, "tf16")
+
+
+@interpreted
 def test_non_contiguous_inputs():
     # (batch, seq, heads, d) viewed as (batch, heads, seq, d): rows are strided
     q, k, v = (torch.randn(1, 48, 2, 16).transpose(1, 2) for _ in range(3))
@@ -158,6 +171,11 @@ def test_flash_point_runs_triton_through_the_interpreter_on_cpu():
     assert metrics["fwd_bwd_ms"] > 0
     with pytest.raises(Unsupported, match="float32 only"):
         run_experiment(run_flash_point, **{"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "bf16"})
+    ieee = run_experiment(run_flash_point, impl="triton_ieee", seq=32, d=16, dtype="fp32")
+    assert ieee["fwd_bwd_ms"] > 0
+    with pytest.raises(Unsupported, match="triton_ieee sets how float32 products run"):
+        run_experiment(run_flash_point, **{"device": "cpu", "impl": "triton_ieee", "seq": 32, "d": 16,
+                                           "dtype": "bf16"})
 
 
 @interpreted

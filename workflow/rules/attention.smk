@@ -12,6 +12,8 @@ for impl in PT["impls"]:
 
 for impl in FLASH["impls"]:
     for dtype in FLASH["dtypes"]:
+        if impl == "triton_ieee" and dtype != "fp32":  # how float32 products run: nothing to set in bf16
+            continue
         points = [dict(impl=impl, dtype=dtype, seq=seq, d=d, batch=FLASH["batch"], heads=FLASH["heads"],
                        causal=True, device=DEVICE) for d in FLASH["d"] for seq in FLASH["seq"]]
         experiment_job("flash_benchmarking", f"{impl}-{dtype}", points,

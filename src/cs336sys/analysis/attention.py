@@ -17,8 +17,8 @@ from cs336sys.analysis.common import (
     save_table,
 )
 
-IMPL_LABEL = {"triton": "ours (Triton)", "sdpa": "PyTorch SDPA", "naive": "naive PyTorch",
-              "naive_compiled": "naive, torch.compile"}
+IMPL_LABEL = {"triton": "ours (Triton)", "triton_ieee": "ours, IEEE float32 products", "sdpa": "PyTorch SDPA",
+              "naive": "naive PyTorch", "naive_compiled": "naive, torch.compile"}
 # Targets of the project's attention issue (ratios measured in the same run).
 TARGETS = {"forward_vs_sdpa": 1.25, "fwd_bwd_vs_sdpa": 1.5, "naive_over_ours_at_16384": 20.0}
 NAIVE_TARGET_SEQ = 16384
@@ -150,7 +150,8 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
     wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl", values=values).reset_index()
     wide.columns = [f"{a}:{b}" if b else a for a, b in wide.columns]
     statuses = df.pivot_table(index=["dtype", "d", "seq"], columns="impl", values="status", aggfunc="first")
-    short = {"triton": "ours", "sdpa": "SDPA", "naive": "naive", "naive_compiled": "compiled"}
+    short = {"triton": "ours", "triton_ieee": "ours, IEEE", "sdpa": "SDPA", "naive": "naive",
+             "naive_compiled": "compiled"}
     for dtype, g in wide.groupby("dtype"):
         impls = [i for i in IMPL_LABEL if f"fwd_bwd_ms:{i}" in g]
         for part, label in (("forward_ms", "forward"), ("backward_ms", "backward"), ("fwd_bwd_ms", "fwd_bwd")):
@@ -163,6 +164,8 @@ def _flash(df: pd.DataFrame, out: Path) -> dict:
                     row[f"{short[impl]} (ms)"] = f"{value:.3f}" if st == "ok" and pd.notna(value) else st
                 if f"{part}:triton" in g and f"{part}:sdpa" in g:
                     row["ours / SDPA (×)"] = r[f"{part}:triton"] / r[f"{part}:sdpa"]
+                if f"{part}:triton_ieee" in g and f"{part}:sdpa" in g:  # IEEE against IEEE (TF32 off in SDPA)
+                    row["ours, IEEE / SDPA (×)"] = r[f"{part}:triton_ieee"] / r[f"{part}:sdpa"]
                 if f"{part}:triton" in g and f"{part}:naive" in g:
                     row["naive / ours (×)"] = r[f"{part}:naive"] / r[f"{part}:triton"]
                 rows.append(row)
@@ -314,8 +317,9 @@ def _tflops_tables(ok: pd.DataFrame, out: Path) -> dict:
     for dtype, g in ok.groupby("dtype"):
         wide = g.pivot_table(index=["d", "seq"], columns="impl", values="fwd_bwd_tflops").reset_index()
         wide.columns.name = None
-        wide = wide.rename(columns={"triton": "ours", "sdpa": "SDPA", "naive_compiled": "compiled"})
-        wide = wide[["d", "seq"] + [c for c in ("naive", "compiled", "SDPA", "ours") if c in wide]]
+        wide = wide.rename(columns={"triton": "ours", "triton_ieee": "ours, IEEE", "sdpa": "SDPA",
+                                    "naive_compiled": "compiled"})
+        wide = wide[["d", "seq"] + [c for c in ("naive", "compiled", "SDPA", "ours", "ours, IEEE") if c in wide]]
         tables[f"{dtype} fwd+bwd TFLOP/s"] = save_table(wide, out, f"flash_{dtype}_tflops", digits=1)
     return tables
 

@@ -102,7 +102,7 @@ class PytorchAttentionSettings:
 class FlashSettings:
     """Problem 11: one point of the FlashAttention grid, inputs (batch, heads, seq, d)."""
 
-    impl: str  # triton | naive | naive_compiled | sdpa
+    impl: str  # triton | triton_ieee | naive | naive_compiled | sdpa
     seq: int
     d: int
     dtype: str = "bf16"
@@ -198,6 +198,12 @@ def flash_implementation(impl: str, q: torch.Tensor, is_causal: bool,
         from cs336sys.attention.flash_triton import FlashAttention2Triton
 
         return FlashAttention2Triton.apply, {}
+    if impl == "triton_ieee":  # ours with float32 products in full IEEE float32, not TF32
+        from cs336sys.attention.flash_triton import FlashAttention2Triton
+
+        if q.dtype != torch.float32:
+            raise Unsupported(f"triton_ieee sets how float32 products run; {q.dtype} inputs do not have any")
+        return (lambda q, k, v, is_causal: FlashAttention2Triton.apply(q, k, v, is_causal, "ieee")), {}
     if impl == "naive":
         return naive_attention, {}
     if impl == "naive_compiled":
@@ -297,7 +303,7 @@ def _graphed_times(attend: Callable, q, k, v, is_causal: bool, grad_out: torch.T
 def run_flash_point(settings: FlashSettings, run: Run) -> dict:
     """One point of the FlashAttention benchmark grid: forward, backward, forward+backward.
 
-    settings: device ("cuda"), impl ("triton" | "naive" | "naive_compiled" | "sdpa"), seq, d,
+    settings: device ("cuda"), impl ("triton" | "triton_ieee" | "naive" | "naive_compiled" | "sdpa"), seq, d,
     dtype ("bf16" | "fp32"), batch (1), heads (1), causal (True), sdpa_backend (optional: pin
     one of flash/efficient/cudnn/math; otherwise the first that runs, in PyTorch's order).
     Inputs are (batch, heads, seq, d); dO is random. On CUDA, ours and SDPA are also timed as
@@ -309,12 +315,12 @@ def run_flash_point(settings: FlashSettings, run: Run) -> dict:
     impl = settings.impl
     q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
     attend, extra = flash_implementation(impl, q, causal, settings.sdpa_backend)
-    if impl == "triton":
+    if impl in ("triton", "triton_ieee"):
         _check_triton_runs_here(device, dtype)
     grad_out = torch.randn(q.shape, dtype=dtype, device=device)
     with _retainable_graphs():
         times = _time_forward_backward(attend, q, k, v, causal, device, grad_out)
-        if device.type == "cuda" and impl in GRAPHED_IMPLS:
+        if device.type == "cuda" and impl in GRAPHED_IMPLS + ("triton_ieee",):
             times.update(_graphed_times(attend, q, k, v, causal, grad_out))
     flops = attention_flops(batch * heads, seq, seq, d, causal)
     metrics = {**times, **extra}

@@ -46,7 +46,7 @@ def backward_delta_kernel(O, DO, DELTA, seq_q, HEAD_DIM: tl.constexpr, BLOCK_M: 
 @triton.jit
 def _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, cols, m_start, m_end,
                            seq_q, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                           CAUSAL_MASK: tl.constexpr, ROW_MASK: tl.constexpr):
+                           CAUSAL_MASK: tl.constexpr, ROW_MASK: tl.constexpr, DOT: tl.constexpr):
     """Accumulate one key tile's dK, dV over query tiles [m_start, m_end), in transposed tiles."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -64,19 +64,20 @@ def _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, 
             do = tl.load(do_base + offs)
             lse2 = tl.load(lse_base + rows) * 1.4426950408889634
             delta = tl.load(delta_base + rows)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])  # P^T: (keys, queries)
+        # P^T: (keys, queries)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT) * qk_scale - lse2[None, :])
         if CAUSAL_MASK:
             p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT)
+        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=DOT) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT)
     return dk, dv
 
 
 @triton.jit
 def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid_n, seq_q, seq_k, qk_scale, sm_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+                  IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, DOT: tl.constexpr):
     n0 = pid_n * BLOCK_N
     cols = n0 + tl.arange(0, BLOCK_N)
     kv_offs = bh * seq_k * HEAD_DIM + cols[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
@@ -97,13 +98,13 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid_n, seq_q, seq_k, qk_s
         # later ones see the whole tile, earlier ones none of it.
         diag_end = tl.minimum(n0 + BLOCK_N, seq_q)
         dk, dv = _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, cols, n0,
-                                        diag_end, seq_q, qk_scale, HEAD_DIM, BLOCK_M, True, not EVEN_M)
+                                        diag_end, seq_q, qk_scale, HEAD_DIM, BLOCK_M, True, not EVEN_M, DOT)
         dk, dv = _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, cols,
                                         diag_end, seq_q, seq_q, qk_scale, HEAD_DIM, BLOCK_M, False,
-                                        not EVEN_M)
+                                        not EVEN_M, DOT)
     else:
         dk, dv = _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, cols, 0,
-                                        seq_q, seq_q, qk_scale, HEAD_DIM, BLOCK_M, False, not EVEN_M)
+                                        seq_q, seq_q, qk_scale, HEAD_DIM, BLOCK_M, False, not EVEN_M, DOT)
     if EVEN_N:
         tl.store(DK + kv_offs, (dk * sm_scale).to(DK.dtype.element_ty))
         tl.store(DV + kv_offs, dv.to(DV.dtype.element_ty))
@@ -115,7 +116,7 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid_n, seq_q, seq_k, qk_s
 @triton.jit
 def _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, n_start, n_end, seq_k, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                       KEY_MASK: tl.constexpr):
+                       KEY_MASK: tl.constexpr, DOT: tl.constexpr):
     """Accumulate one query tile's dQ (unscaled) over key tiles [n_start, n_end)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -128,11 +129,11 @@ def _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, n_start, n_
         else:
             k = tl.load(k_base + offs)
             v = tl.load(v_base + offs)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale - lse2[:, None])
         if CAUSAL_MASK:
             p = tl.where(rows[:, None] >= cols[None, :], p, 0.0)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT)
     return dq
 
 
@@ -140,7 +141,7 @@ def _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, n_start, n_
 def _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scale, sm_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                DELTA_FROM_O: tl.constexpr):
+                DELTA_FROM_O: tl.constexpr, DOT: tl.constexpr):
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     q_offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
@@ -164,13 +165,13 @@ def _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scal
     if IS_CAUSAL:
         below_end = tl.minimum(m0, seq_k)  # BLOCK_M is a multiple of BLOCK_N
         dq = _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, 0, below_end, seq_k,
-                                qk_scale, HEAD_DIM, BLOCK_N, False, not EVEN_N)
+                                qk_scale, HEAD_DIM, BLOCK_N, False, not EVEN_N, DOT)
         dq = _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, below_end,
                                 tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale, HEAD_DIM, BLOCK_N,
-                                True, not EVEN_N)
+                                True, not EVEN_N, DOT)
     else:
         dq = _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, 0, seq_k, seq_k,
-                                qk_scale, HEAD_DIM, BLOCK_N, False, not EVEN_N)
+                                qk_scale, HEAD_DIM, BLOCK_N, False, not EVEN_N, DOT)
     if EVEN_M:
         tl.store(DQ + q_offs, (dq * sm_scale).to(DQ.dtype.element_ty))
     else:
@@ -183,7 +184,8 @@ def backward_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_sca
                     BLOCK_M_KV: tl.constexpr, BLOCK_N_KV: tl.constexpr,
                     BLOCK_M_Q: tl.constexpr, BLOCK_N_Q: tl.constexpr,
                     EVEN_M_KV: tl.constexpr, EVEN_N_KV: tl.constexpr,
-                    EVEN_M_Q: tl.constexpr, EVEN_N_Q: tl.constexpr, DELTA_FROM_O: tl.constexpr):
+                    EVEN_M_Q: tl.constexpr, EVEN_N_Q: tl.constexpr, DELTA_FROM_O: tl.constexpr,
+                    DOT: tl.constexpr = "tf32"):
     """Grid (programs, batch*heads). PROGRAMS = "dkdv" or "dq": one kind, longest first;
     "both": key tiles + query tiles programs, where pairs (dK/dV of key tile i, dQ of query tile
     n_q - 1 - i) alternate, so that with a causal mask the longest of both kinds go first.
@@ -193,10 +195,10 @@ def backward_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_sca
     n_q = tl.cdiv(seq_q, BLOCK_M_Q)
     if PROGRAMS == "dkdv":
         _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid, seq_q, seq_k, qk_scale, sm_scale,
-                      HEAD_DIM, BLOCK_M_KV, BLOCK_N_KV, IS_CAUSAL, EVEN_M_KV, EVEN_N_KV)
+                      HEAD_DIM, BLOCK_M_KV, BLOCK_N_KV, IS_CAUSAL, EVEN_M_KV, EVEN_N_KV, DOT)
     elif PROGRAMS == "dq":
         _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, n_q - 1 - pid, seq_q, seq_k, qk_scale, sm_scale,
-                    HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, DELTA_FROM_O)
+                    HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, DELTA_FROM_O, DOT)
     else:
         n_kv = tl.cdiv(seq_k, BLOCK_N_KV)
         both = tl.minimum(n_kv, n_q)
@@ -210,16 +212,17 @@ def backward_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_sca
             q_tile = n_q - 1 - (pid - both)
         if is_dkdv:
             _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, kv_tile, seq_q, seq_k, qk_scale, sm_scale,
-                          HEAD_DIM, BLOCK_M_KV, BLOCK_N_KV, IS_CAUSAL, EVEN_M_KV, EVEN_N_KV)
+                          HEAD_DIM, BLOCK_M_KV, BLOCK_N_KV, IS_CAUSAL, EVEN_M_KV, EVEN_N_KV, DOT)
         else:
             _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, q_tile, seq_q, seq_k, qk_scale, sm_scale,
-                        HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, False)
+                        HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, False, DOT)
 
 
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
-                   config: BackwardConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV for contiguous (..., seq, d) tensors; `lse`: the forward's L (q.shape[:-1])."""
+                   config: BackwardConfig, precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV for contiguous (..., seq, d) tensors; `lse`: the forward's L (q.shape[:-1]).
+    `precision`: how float32 products run (flash_triton.PRECISIONS); other dtypes ignore it."""
     *lead, seq_q, d = q.shape
     seq_k = k.shape[-2]
     c = config
@@ -243,5 +246,5 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
             BLOCK_N_KV=c.block_n_kv, BLOCK_M_Q=c.block_m_q, BLOCK_N_Q=c.block_n_q,
             EVEN_M_KV=seq_q % c.block_m_kv == 0, EVEN_N_KV=seq_k % c.block_n_kv == 0,
             EVEN_M_Q=seq_q % c.block_m_q == 0, EVEN_N_Q=seq_k % c.block_n_q == 0,
-            DELTA_FROM_O=delta_from_o, num_warps=c.num_warps, num_stages=c.num_stages)
+            DELTA_FROM_O=delta_from_o, DOT=precision, num_warps=c.num_warps, num_stages=c.num_stages)
     return dq, dk, dv

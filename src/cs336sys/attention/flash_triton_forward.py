@@ -25,7 +25,7 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, n_start, n_end, seq_k, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                      CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr):
+                      CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr, DOT: tl.constexpr):
     """Fold key tiles [n_start, n_end) into the running (acc, row_sum, row_max), base-2 units."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -36,7 +36,7 @@ def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, n_start, n
             k = tl.load(k_base + offs, mask=cols[:, None] < seq_k, other=0.0)
         else:
             k = tl.load(k_base + offs)
-        scores = tl.dot(q, tl.trans(k))
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT)
         if CAUSAL_MASK:
             scores = tl.where(rows[:, None] >= cols[None, :], scores, -1.0e6)
         if KEY_MASK:  # keys past the end do not exist: weight exactly zero
@@ -49,7 +49,7 @@ def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, n_start, n
             v = tl.load(v_base + offs, mask=cols[:, None] < seq_k, other=0.0)
         else:
             v = tl.load(v_base + offs)
-        acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
         row_max = new_max
     return acc, row_sum, row_max
 
@@ -57,7 +57,8 @@ def _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, n_start, n
 @triton.jit
 def flash_forward_kernel(Q, K, V, O, LSE, seq_q, seq_k, qk_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr):
+                         IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                         DOT: tl.constexpr = "tf32"):
     pid_m = tl.program_id(0)
     if IS_CAUSAL:  # the last query tiles have the most keys to visit: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -80,14 +81,14 @@ def flash_forward_kernel(Q, K, V, O, LSE, seq_q, seq_k, qk_scale,
         below_end = tl.minimum(m0, seq_k)
         acc, row_sum, row_max = _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, 0,
                                                   below_end, seq_k, qk_scale, HEAD_DIM, BLOCK_N, False,
-                                                  not EVEN_N)
+                                                  not EVEN_N, DOT)
         acc, row_sum, row_max = _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows,
                                                   below_end, tl.minimum(m0 + BLOCK_M, seq_k), seq_k,
-                                                  qk_scale, HEAD_DIM, BLOCK_N, True, not EVEN_N)
+                                                  qk_scale, HEAD_DIM, BLOCK_N, True, not EVEN_N, DOT)
     else:
         acc, row_sum, row_max = _attend_key_tiles(acc, row_sum, row_max, q, k_base, v_base, rows, 0,
                                                   seq_k, seq_k, qk_scale, HEAD_DIM, BLOCK_N, False,
-                                                  not EVEN_N)
+                                                  not EVEN_N, DOT)
 
     out = acc / row_sum[:, None]
     lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453  # natural-log L, as saved
@@ -101,9 +102,10 @@ def flash_forward_kernel(Q, K, V, O, LSE, seq_q, seq_k, qk_scale,
 
 
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                  config: Tiles) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: Tiles, precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor]:
     """O (q's shape) and natural-log L (q.shape[:-1], float32) for contiguous (..., seq, d) tensors
-    whose leading dimensions (batch, or batch and heads) flatten to one."""
+    whose leading dimensions (batch, or batch and heads) flatten to one. `precision`: how float32
+    products run, "tf32" (Triton's default on tensor cores) or "ieee"; other dtypes ignore it."""
     *lead, seq_q, d = q.shape
     seq_k = k.shape[-2]
     if config.block_m % config.block_n:
@@ -113,6 +115,6 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: 
     flash_forward_kernel[(triton.cdiv(seq_q, config.block_m), math.prod(lead))](
         q, k, v, out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
         HEAD_DIM=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n, IS_CAUSAL=is_causal,
-        EVEN_M=seq_q % config.block_m == 0, EVEN_N=seq_k % config.block_n == 0,
+        EVEN_M=seq_q % config.block_m == 0, EVEN_N=seq_k % config.block_n == 0, DOT=precision,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out, lse
