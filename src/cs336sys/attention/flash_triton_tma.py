@@ -1,0 +1,311 @@
+"""FlashAttention-2 forward and backward whose inner loops load tiles through tensor descriptors.
+
+The same algorithm as `flash_triton_forward` / `flash_triton_backward` (online softmax in base 2,
+causal tiles above the diagonal skipped and only the diagonal tiles masked; backward by
+recomputation with D = rowsum(O * dO), one launch of dQ programs then one of dK/dV programs, no
+atomics), but every tile that the inner loop walks (K and V in the forward and in the dQ programs,
+Q and dO in the dK/dV programs) is read through a host-built `TensorDescriptor`. On Hopper a
+descriptor load is a TMA copy: the address arithmetic and bounds checks leave the loop, the copy
+runs asynchronously into shared memory, and the compiler can hand the loads to a producer warp
+(`tl.range(..., warp_specialize=True)`, Triton's automatic warp specialisation, which on sm_90
+only splits loops whose loads are descriptor loads).
+
+Descriptors are 2-D over the flattened (batch * heads * seq, d) tensor. A tile that runs past the
+end of one head's sequence reads the next head's first rows (or zeros past the end of the
+tensor); those keys get score -inf, so their weights are exactly zero, and those query rows are
+computed but never stored (the per-program loads and stores of Q, O, L, dQ, dK, dV use pointers
+and masks, once per program). So any sequence length works.
+
+Tile shapes: `TmaConfig`; the launch chooses nothing itself. Under TRITON_INTERPRET=1 the kernels
+run on the CPU in float32 (the interpreter reads descriptors), which the tests use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+# The compiled kernel of each kind's last launch, for inspecting its TTGIR/PTX
+# (tools/flash_hopper_probe.py reads what the compiler did with warp specialisation and TMA).
+LAUNCHED: dict[str, object] = {}
+
+
+@dataclass(frozen=True)
+class TmaConfig:
+    """Forward: block_m query rows per program, block_n keys per step. Backward: dQ programs of
+    q_m rows stepping q_n keys, dK/dV programs of kv_n keys stepping kv_m rows. warp_specialize:
+    ask Triton to split the inner loops into producer (loads) and consumer (products) warps."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    warp_specialize: bool = False
+    q_m: int = 64
+    q_n: int = 64
+    q_warps: int = 4
+    q_stages: int = 3
+    kv_m: int = 64
+    kv_n: int = 64
+    kv_warps: int = 4
+    kv_stages: int = 3
+
+    def __str__(self) -> str:
+        ws = "/ws" if self.warp_specialize else ""
+        return (f"fwd {self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}, "
+                f"dq {self.q_m}x{self.q_n}/w{self.q_warps}/s{self.q_stages}, "
+                f"dkdv {self.kv_m}x{self.kv_n}/w{self.kv_warps}/s{self.kv_stages}{ws}")
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A 2-D descriptor over a contiguous (..., seq, d) tensor, tiles of `rows` x d."""
+    d = t.shape[-1]
+    return TensorDescriptor(t, [t.numel() // d, d], [d, 1], [rows, d])
+
+
+@triton.jit
+def _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, n_start, n_end, seq_k, qk_scale,
+                   BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr,
+                   WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(n_start, n_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = desc_k.load([kv_row0 + n0, 0])
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT)
+        cols = n0 + offs_n
+        if CAUSAL_MASK:
+            scores = tl.where(rows[:, None] >= cols[None, :], scores, -1.0e6)
+        if KEY_MASK:
+            scores = tl.where(cols[None, :] < seq_k, scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
+        p = tl.math.exp2(scores * qk_scale - new_max[:, None])
+        correction = tl.math.exp2(row_max - new_max)
+        row_sum = row_sum * correction + tl.sum(p, 1)
+        v = desc_v.load([kv_row0 + n0, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
+        row_max = new_max
+    return acc, row_sum, row_max
+
+
+@triton.jit
+def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                       WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:  # longest first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    q_offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    if EVEN_M:
+        q = tl.load(Q + q_offs)
+    else:
+        q = tl.load(Q + q_offs, mask=rows[:, None] < seq_q, other=0.0)
+    kv_row0 = (bh * seq_k).to(tl.int32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if IS_CAUSAL:
+        below_end = tl.minimum(m0, seq_k)
+        acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, 0,
+                                               below_end, seq_k, qk_scale, BLOCK_N, False, not EVEN_N,
+                                               WARP_SPECIALIZE, DOT)
+        acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows,
+                                               below_end, tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale,
+                                               BLOCK_N, True, not EVEN_N, False, DOT)
+    else:
+        acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, 0,
+                                               seq_k, seq_k, qk_scale, BLOCK_N, False, not EVEN_N,
+                                               WARP_SPECIALIZE, DOT)
+    out = acc / row_sum[:, None]
+    lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453
+    if EVEN_M:
+        tl.store(O + q_offs, out.to(O.dtype.element_ty))
+        tl.store(LSE + bh * seq_q + rows, lse)
+    else:
+        tl.store(O + q_offs, out.to(O.dtype.element_ty), mask=rows[:, None] < seq_q)
+        tl.store(LSE + bh * seq_q + rows, lse, mask=rows < seq_q)
+
+
+def tma_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, config: TmaConfig,
+                precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor]:
+    """O and natural-log L for contiguous (..., seq, d) q, k, v (leading dimensions flattened)."""
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
+    c = config
+    if c.block_m % c.block_n:
+        raise ValueError(f"block_m {c.block_m} must be a multiple of block_n {c.block_n}")
+    out = torch.empty_like(q)
+    lse = torch.empty(lead + [seq_q], dtype=torch.float32, device=q.device)
+    LAUNCHED["forward"] = tma_forward_kernel[(triton.cdiv(seq_q, c.block_m), math.prod(lead))](
+        q, _descriptor(k, c.block_n), _descriptor(v, c.block_n), out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
+        HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, IS_CAUSAL=is_causal,
+        EVEN_M=seq_q % c.block_m == 0, EVEN_N=seq_k % c.block_n == 0, WARP_SPECIALIZE=c.warp_specialize,
+        DOT=precision, num_warps=c.num_warps, num_stages=c.num_stages)
+    return out, lse
+
+
+@triton.jit
+def _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, n_start, n_end, seq_k, qk_scale,
+                  BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr,
+                  WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(n_start, n_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = desc_k.load([kv_row0 + n0, 0])
+        v = desc_v.load([kv_row0 + n0, 0])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale - lse2[:, None])
+        cols = n0 + offs_n
+        if CAUSAL_MASK:
+            p = tl.where(rows[:, None] >= cols[None, :], p, 0.0)
+        if KEY_MASK:
+            p = tl.where(cols[None, :] < seq_k, p, 0.0)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT) - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT)
+    return dq
+
+
+@triton.jit
+def tma_dq_kernel(Q, desc_k, desc_v, O, DO, LSE, DELTA, DQ, seq_q, seq_k, qk_scale, sm_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                  WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    """One query tile's dQ; also computes and stores D = rowsum(O * dO) for the dK/dV launch."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest first
+    bh = tl.program_id(1).to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    row_ok = rows < seq_q
+    q = tl.load(Q + offs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + offs, mask=row_ok[:, None], other=0.0)
+    o = tl.load(O + offs, mask=row_ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh * seq_q + rows, delta, mask=row_ok)
+    lse2 = tl.load(LSE + bh * seq_q + rows, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    kv_row0 = (bh * seq_k).to(tl.int32)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if IS_CAUSAL:
+        below_end = tl.minimum(m0, seq_k)
+        dq = _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, 0, below_end, seq_k,
+                           qk_scale, BLOCK_N, False, not EVEN_N, WARP_SPECIALIZE, DOT)
+        dq = _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, below_end,
+                           tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale, BLOCK_N, True, not EVEN_N,
+                           False, DOT)
+    else:
+        dq = _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, 0, seq_k, seq_k, qk_scale,
+                           BLOCK_N, False, not EVEN_N, WARP_SPECIALIZE, DOT)
+    if EVEN_M:
+        tl.store(DQ + offs, (dq * sm_scale).to(DQ.dtype.element_ty))
+    else:
+        tl.store(DQ + offs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row0, cols, m_start, m_end,
+                      seq_q, qk_scale, BLOCK_M: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                      ROW_MASK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    offs_m = tl.arange(0, BLOCK_M)
+    for m0 in tl.range(m_start, m_end, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+        q = desc_q.load([q_row0 + m0, 0])
+        do = desc_do.load([q_row0 + m0, 0])
+        rows = m0 + offs_m
+        if ROW_MASK:  # L = +inf past the end: P exactly zero there
+            lse2 = tl.load(LSE + lse_row0 + rows, mask=rows < seq_q, other=float("inf")) * 1.4426950408889634
+            delta = tl.load(DELTA + lse_row0 + rows, mask=rows < seq_q, other=0.0)
+        else:
+            lse2 = tl.load(LSE + lse_row0 + rows) * 1.4426950408889634
+            delta = tl.load(DELTA + lse_row0 + rows)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT) * qk_scale - lse2[None, :])
+        if CAUSAL_MASK:
+            p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT)
+        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=DOT) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT)
+    return dk, dv
+
+
+@triton.jit
+def tma_dkdv_kernel(desc_q, K, V, desc_do, LSE, DELTA, DK, DV, seq_q, seq_k, qk_scale, sm_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+                    WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    """One key tile's dK and dV over the query tiles that see it."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs = bh * seq_k * HEAD_DIM + cols[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    col_ok = cols < seq_k
+    k = tl.load(K + offs, mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + offs, mask=col_ok[:, None], other=0.0)
+    q_row0 = (bh * seq_q).to(tl.int32)
+    lse_row0 = bh * seq_q
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    if IS_CAUSAL:
+        diag_end = tl.minimum(n0 + BLOCK_N, seq_q)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row0, cols, n0,
+                                   diag_end, seq_q, qk_scale, BLOCK_M, True, not EVEN_M, False, DOT)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row0, cols,
+                                   diag_end, seq_q, seq_q, qk_scale, BLOCK_M, False, not EVEN_M,
+                                   WARP_SPECIALIZE, DOT)
+    else:
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row0, cols, 0,
+                                   seq_q, seq_q, qk_scale, BLOCK_M, False, not EVEN_M, WARP_SPECIALIZE, DOT)
+    if EVEN_N:
+        tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty))
+        tl.store(DV + offs, dv.to(DV.dtype.element_ty))
+    else:
+        tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+        tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+def tma_dq(q, k, v, out, lse, grad_out, is_causal: bool, config: TmaConfig, precision: str = "tf32"):
+    """dQ, and D = rowsum(O * dO) for `tma_dkdv`: the first launch of the backward."""
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
+    c = config
+    if c.q_m % c.q_n:
+        raise ValueError(f"q_m {c.q_m} must be a multiple of q_n {c.q_n}")
+    delta = torch.empty_like(lse)
+    dq = torch.empty_like(q)
+    sm_scale = 1.0 / math.sqrt(d)
+    LAUNCHED["dq"] = tma_dq_kernel[(triton.cdiv(seq_q, c.q_m), math.prod(lead))](
+        q, _descriptor(k, c.q_n), _descriptor(v, c.q_n), out, grad_out, lse, delta, dq, seq_q, seq_k,
+        sm_scale * LOG2E, sm_scale, HEAD_DIM=d, BLOCK_M=c.q_m, BLOCK_N=c.q_n, IS_CAUSAL=is_causal,
+        EVEN_M=seq_q % c.q_m == 0, EVEN_N=seq_k % c.q_n == 0, WARP_SPECIALIZE=c.warp_specialize,
+        DOT=precision, num_warps=c.q_warps, num_stages=c.q_stages)
+    return dq, delta
+
+
+def tma_dkdv(q, k, v, lse, delta, grad_out, is_causal: bool, config: TmaConfig, precision: str = "tf32"):
+    """dK and dV: the second launch of the backward (D from `tma_dq`)."""
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
+    c = config
+    if c.kv_n % c.kv_m:
+        raise ValueError(f"kv_n {c.kv_n} must be a multiple of kv_m {c.kv_m}")
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    sm_scale = 1.0 / math.sqrt(d)
+    LAUNCHED["dkdv"] = tma_dkdv_kernel[(triton.cdiv(seq_k, c.kv_n), math.prod(lead))](
+        _descriptor(q, c.kv_m), k, v, _descriptor(grad_out, c.kv_m), lse, delta, dk, dv, seq_q, seq_k,
+        sm_scale * LOG2E, sm_scale, HEAD_DIM=d, BLOCK_M=c.kv_m, BLOCK_N=c.kv_n, IS_CAUSAL=is_causal,
+        EVEN_M=seq_q % c.kv_m == 0, EVEN_N=seq_k % c.kv_n == 0, WARP_SPECIALIZE=c.warp_specialize,
+        DOT=precision, num_warps=c.kv_warps, num_stages=c.kv_stages)
+    return dk, dv
+
+
+def tma_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 grad_out: torch.Tensor, is_causal: bool, config: TmaConfig, precision: str = "tf32",
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV for contiguous (..., seq, d) tensors, from the forward's O and L."""
+    dq, delta = tma_dq(q, k, v, out, lse, grad_out, is_causal, config, precision)
+    dk, dv = tma_dkdv(q, k, v, lse, delta, grad_out, is_causal, config, precision)
+    return dq, dk, dv
