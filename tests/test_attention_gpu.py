@@ -172,7 +172,7 @@ def test_descriptor_kernels_match_float64_on_gpu(lead, seq_q, seq_k, d, causal, 
 
     make = lambda n: torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v, grad_out = make(seq_q), make(seq_k), make(seq_k), make(seq_q)
-    config = TmaConfig(warp_specialize=warp_specialize)
+    config = TmaConfig(warp_specialize=warp_specialize, ws_diagonal=warp_specialize)
     out, lse = tma_forward(q, k, v, causal, config)
     grads = tma_backward(q, k, v, out, lse, grad_out, causal, config)
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))

@@ -47,6 +47,7 @@ class TmaConfig:
     num_warps: int = 8
     num_stages: int = 3
     warp_specialize: bool = False
+    ws_diagonal: bool = False  # also the loop over the diagonal tiles (with warp_specialize)
     q_m: int = 64
     q_n: int = 64
     q_warps: int = 4
@@ -57,7 +58,7 @@ class TmaConfig:
     kv_stages: int = 3
 
     def __str__(self) -> str:
-        ws = "/ws" if self.warp_specialize else ""
+        ws = ("/ws+diag" if self.ws_diagonal else "/ws") if self.warp_specialize else ""
         return (f"fwd {self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}, "
                 f"dq {self.q_m}x{self.q_n}/w{self.q_warps}/s{self.q_stages}, "
                 f"dkdv {self.kv_m}x{self.kv_n}/w{self.kv_warps}/s{self.kv_stages}{ws}")
@@ -96,7 +97,7 @@ def _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, n_st
 def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                       WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+                       WARP_SPECIALIZE: tl.constexpr, WS_DIAGONAL: tl.constexpr, DOT: tl.constexpr):
     pid_m = tl.program_id(0)
     if IS_CAUSAL:  # longest first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -119,7 +120,7 @@ def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
                                                WARP_SPECIALIZE, DOT)
         acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows,
                                                below_end, tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale,
-                                               BLOCK_N, True, not EVEN_N, False, DOT)
+                                               BLOCK_N, True, not EVEN_N, WS_DIAGONAL, DOT)
     else:
         acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, 0,
                                                seq_k, seq_k, qk_scale, BLOCK_N, False, not EVEN_N,
@@ -148,6 +149,7 @@ def tma_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
         q, _descriptor(k, c.block_n), _descriptor(v, c.block_n), out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
         HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.block_m == 0, EVEN_N=seq_k % c.block_n == 0, WARP_SPECIALIZE=c.warp_specialize,
+        WS_DIAGONAL=c.warp_specialize and c.ws_diagonal,
         DOT=precision, num_warps=c.num_warps, num_stages=c.num_stages)
     return out, lse
 
@@ -175,7 +177,7 @@ def _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, n_start
 def tma_dq_kernel(Q, desc_k, desc_v, O, DO, LSE, DELTA, DQ, seq_q, seq_k, qk_scale, sm_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                  WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+                  WARP_SPECIALIZE: tl.constexpr, WS_DIAGONAL: tl.constexpr, DOT: tl.constexpr):
     """One query tile's dQ; also computes and stores D = rowsum(O * dO) for the dK/dV launch."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest first
     bh = tl.program_id(1).to(tl.int64)
@@ -197,7 +199,7 @@ def tma_dq_kernel(Q, desc_k, desc_v, O, DO, LSE, DELTA, DQ, seq_q, seq_k, qk_sca
                            qk_scale, BLOCK_N, False, not EVEN_N, WARP_SPECIALIZE, DOT)
         dq = _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, below_end,
                            tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale, BLOCK_N, True, not EVEN_N,
-                           False, DOT)
+                           WS_DIAGONAL, DOT)
     else:
         dq = _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, 0, seq_k, seq_k, qk_scale,
                            BLOCK_N, False, not EVEN_N, WARP_SPECIALIZE, DOT)
@@ -235,7 +237,7 @@ def _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row
 def tma_dkdv_kernel(desc_q, K, V, desc_do, LSE, DELTA, DK, DV, seq_q, seq_k, qk_scale, sm_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                    WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+                    WARP_SPECIALIZE: tl.constexpr, WS_DIAGONAL: tl.constexpr, DOT: tl.constexpr):
     """One key tile's dK and dV over the query tiles that see it."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -252,7 +254,7 @@ def tma_dkdv_kernel(desc_q, K, V, desc_do, LSE, DELTA, DK, DV, seq_q, seq_k, qk_
     if IS_CAUSAL:
         diag_end = tl.minimum(n0 + BLOCK_N, seq_q)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row0, cols, n0,
-                                   diag_end, seq_q, qk_scale, BLOCK_M, True, not EVEN_M, False, DOT)
+                                   diag_end, seq_q, qk_scale, BLOCK_M, True, not EVEN_M, WS_DIAGONAL, DOT)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row0, cols,
                                    diag_end, seq_q, seq_q, qk_scale, BLOCK_M, False, not EVEN_M,
                                    WARP_SPECIALIZE, DOT)
@@ -281,6 +283,7 @@ def tma_dq(q, k, v, out, lse, grad_out, is_causal: bool, config: TmaConfig, prec
         q, _descriptor(k, c.q_n), _descriptor(v, c.q_n), out, grad_out, lse, delta, dq, seq_q, seq_k,
         sm_scale * LOG2E, sm_scale, HEAD_DIM=d, BLOCK_M=c.q_m, BLOCK_N=c.q_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.q_m == 0, EVEN_N=seq_k % c.q_n == 0, WARP_SPECIALIZE=c.warp_specialize,
+        WS_DIAGONAL=c.warp_specialize and c.ws_diagonal,
         DOT=precision, num_warps=c.q_warps, num_stages=c.q_stages)
     return dq, delta
 
@@ -298,6 +301,7 @@ def tma_dkdv(q, k, v, lse, delta, grad_out, is_causal: bool, config: TmaConfig, 
         _descriptor(q, c.kv_m), k, v, _descriptor(grad_out, c.kv_m), lse, delta, dk, dv, seq_q, seq_k,
         sm_scale * LOG2E, sm_scale, HEAD_DIM=d, BLOCK_M=c.kv_m, BLOCK_N=c.kv_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.kv_m == 0, EVEN_N=seq_k % c.kv_n == 0, WARP_SPECIALIZE=c.warp_specialize,
+        WS_DIAGONAL=c.warp_specialize and c.ws_diagonal,
         DOT=precision, num_warps=c.kv_warps, num_stages=c.kv_stages)
     return dk, dv
 
