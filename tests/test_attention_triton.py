@@ -182,7 +182,36 @@ def test_flash_point_runs_triton_through_the_interpreter_on_cpu():
 def test_leaderboard_point_smoke_on_cpu():
     metrics = run_experiment(run_leaderboard_point, **{"device": "cpu", "impl": "ours", "heads": 2, "seq": 32, "d": 16,
                                      "dtype": "fp32"})
-    assert metrics["fwd_bwd_ms"] > 0 and metrics["fwd_bwd_tflops"] > 0
+    assert metrics["fwd_bwd_ms"] > 0 and metrics["fwd_bwd_tflops"] > 0 and metrics["fwd_ms"] > 0
+    assert metrics["bwd_ms"] == metrics["fwd_bwd_ms"] - metrics["fwd_ms"]
+    assert metrics["bwd_flops"] == 2.5 * metrics["fwd_flops"]
+
+
+@interpreted
+@pytest.mark.parametrize("impl", ["ours", "sdpa_flash"])
+def test_leaderboard_point_in_the_2025_harness_layout(impl):
+    """(batch, seq, d) with heads folded into the batch, as the 2025 harness builds q, k, v; ours with
+    explicit tiles."""
+    tiles = {"forward_tiles": "32x16/w4/s1", "backward_tiles": "kv16x32/q32x16/w4/s1/split"} if impl == "ours" else {}
+    metrics = run_experiment(run_leaderboard_point, **{"device": "cpu", "impl": impl, "batch": 3, "seq": 40, "d": 16,
+                                                       "dtype": "fp32", "layout": "bsd", **tiles})
+    assert metrics["fwd_flops"] == 4.0 * 3 * 16 * (40 * 41 // 2)
+    assert metrics["fwd_ms"] > 0 and metrics["fwd_bwd_ms"] > 0
+
+
+@interpreted
+def test_explicit_tile_strings_match_the_table_and_bad_ones_are_named():
+    q, k, v = random_qkv((2,), 70, 70, 16)
+    grad_out = torch.randn_like(q)
+    out = FlashAttention2Triton.apply(q, k, v, True, "tf32", "16x16/w4/s1", "kv16x16/q16x16/w4/s1/split")
+    out.backward(grad_out)
+    assert rel_err(out, naive_attention(q.detach().double(), k.detach().double(), v.detach().double(), True)) < 1e-5
+    for got, want in zip((q.grad, k.grad, v.grad), reference_grads(q, k, v, grad_out, True), strict=True):
+        assert rel_err(got, want) < 1e-5
+    with pytest.raises(ValueError, match="not of the form MxN/wW/sS"):
+        FlashAttention2Triton.apply(q, k, v, True, "tf32", "16by16")
+    with pytest.raises(ValueError, match="not of the form kvMxN"):
+        FlashAttention2Triton.apply(q, k, v, True, "tf32", None, "kv16x16")
 
 
 @interpreted

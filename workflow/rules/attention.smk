@@ -1,5 +1,5 @@
-# Problems pytorch_attention (7), torch_compile (8a), flash_benchmarking (11) and the 2025
-# leaderboard shape. One job per implementation (and dtype) of a grid.
+# Problems pytorch_attention (7), torch_compile (8a), flash_benchmarking (11) and both
+# leaderboards' attention shapes. One job per implementation (and dtype) of a grid.
 
 ATT = GRID["attention"]
 PT, FLASH, LB = ATT["pytorch"], ATT["flash"], ATT["leaderboard"]
@@ -19,9 +19,10 @@ for impl in FLASH["impls"]:
         experiment_job("flash_benchmarking", f"{impl}-{dtype}", points,
                        [f"results/flash_benchmarking/{impl}-{dtype}/d{p['d']}-seq{p['seq']}.json" for p in points])
 
-LB_POINTS = [dict(impl=impl, batch=LB["batch"], heads=LB["heads"], seq=LB["seq"], d=LB["d"], dtype=LB["dtype"],
-                  causal=True, device=DEVICE) for impl in LB["impls"]]
-experiment_job("flash_leaderboard", "", LB_POINTS, [f"results/flash_leaderboard/{p['impl']}.json" for p in LB_POINTS])
+LB_POINTS = [dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, **shape)
+             for edition, shape in LB["shapes"].items() for impl in LB["impls"]]
+experiment_job("flash_leaderboard", "", LB_POINTS,
+               [f"results/flash_leaderboard/{p['edition']}/{p['impl']}.json" for p in LB_POINTS])
 
 section(
     "attention",

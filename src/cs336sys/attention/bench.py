@@ -2,7 +2,7 @@
 
     run_pytorch_attention_point   problems 7 and 8a: naive attention, eager or compiled
     run_flash_point               problem 11: Triton FlashAttention-2 vs naive, compiled naive, SDPA
-    run_leaderboard_point         problem 11: the 2025 leaderboard shape, forward + backward
+    run_leaderboard_point         problem 11: the leaderboards' attention shapes, forward, backward
 
 Out-of-memory propagates (the job runner records it as `oom`); a point that cannot run here
 raises `Unsupported`. On CUDA, times come from `triton.testing.do_bench` (median, CUDA events,
@@ -115,7 +115,11 @@ class FlashSettings:
 
 @dataclass(frozen=True)
 class LeaderboardSettings:
-    """The 2025 leaderboard shape: forward + backward of causal attention, loss = O.sum()."""
+    """A leaderboard's attention shape: forward alone and forward + backward, loss = O.sum().
+
+    layout "bhsd": q, k, v of (batch, heads, seq, d); "bsd": (batch, seq, d), heads folded into the
+    batch as the 2025 harness builds them (SDPA, which wants 4-D, gets a view with one head).
+    forward_tiles / backward_tiles: ours with these tiles instead of the table's (flash_configs)."""
 
     impl: str  # ours | sdpa_flash | sdpa_cudnn | sdpa_efficient | naive
     batch: int = 1
@@ -124,6 +128,10 @@ class LeaderboardSettings:
     d: int = 64
     dtype: str = "bf16"
     causal: bool = True
+    layout: str = "bhsd"
+    forward_tiles: str | None = None
+    backward_tiles: str | None = None
+    edition: str = "2025"  # whose leaderboard: a label for the report
     device: str = "cuda"
 
 
@@ -331,29 +339,59 @@ def run_flash_point(settings: FlashSettings, run: Run) -> dict:
 
 
 def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
-    """The 2025 leaderboard measurement: forward + backward, loss = O.sum(), do_bench median.
+    """One implementation at one leaderboard shape, do_bench medians: the forward alone, forward +
+    backward (loss = O.sum(), as the harnesses time it) and the backward as their difference; on
+    CUDA also each GPU kernel of one profiled forward + backward, in launch order (where the time goes).
 
-    settings: device ("cuda"), impl ("ours" = torch.compile(FlashAttention2Triton.apply) |
-    "sdpa_flash" | "sdpa_cudnn" | "sdpa_efficient" | "naive"), batch (1), heads (16),
-    seq (16384), d (64), dtype ("bf16"), causal (True).
+    settings: LeaderboardSettings; "ours" is torch.compile(FlashAttention2Triton.apply).
     """
     device = torch.device(run.device)
-    batch, heads, seq, d, causal = settings.batch, settings.heads, settings.seq, settings.d, settings.causal
-    dtype = torch_dtype(settings.dtype)
-    impl = settings.impl
-    q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
+    s = settings
+    dtype = torch_dtype(s.dtype)
+    if s.layout not in ("bhsd", "bsd"):
+        raise ValueError(f"unknown layout {s.layout!r}; known: bhsd, bsd")
+    shape = (s.batch, s.heads, s.seq, s.d) if s.layout == "bhsd" else (s.batch, s.seq, s.d)
+    q, k, v = _random_qkv(shape, dtype, device)
+    impl = s.impl
     if impl == "ours":
         from cs336sys.attention.flash_triton import FlashAttention2Triton
 
         _check_triton_runs_here(device, dtype)
-        attend = torch.compile(FlashAttention2Triton.apply)
+        apply = torch.compile(FlashAttention2Triton.apply)
+        attend = lambda q, k, v, causal: apply(q, k, v, causal, "tf32", s.forward_tiles, s.backward_tiles)  # noqa: E731
     elif impl.startswith("sdpa_"):
-        backend = pick_sdpa_backend(q, causal, impl.removeprefix("sdpa_"))
-        attend = sdpa_attention(backend)
-    elif impl == "naive":  # the leaderboard's baseline
+        four_d = (lambda t: t.unsqueeze(1)) if s.layout == "bsd" else (lambda t: t)
+        backend = pick_sdpa_backend(four_d(q), s.causal, impl.removeprefix("sdpa_"))
+        sdpa = sdpa_attention(backend)
+        attend = lambda q, k, v, causal: sdpa(four_d(q), four_d(k), four_d(v), causal)  # noqa: E731
+    elif impl == "naive":  # the 2025 leaderboard's baseline
         attend = naive_attention
     else:
         raise ValueError(f"unknown leaderboard implementation {impl!r}")
-    fwd_bwd = bench_ms(lambda: attend(q, k, v, causal).sum().backward(), device, [q, k, v])
-    flops = attention_flops(batch * heads, seq, seq, d, causal)["fwd_bwd"]
-    return {"fwd_bwd_ms": fwd_bwd, "fwd_bwd_flops": flops, "fwd_bwd_tflops": flops / (fwd_bwd * 1e-3) / 1e12}
+
+    def forward_backward() -> None:
+        attend(q, k, v, s.causal).sum().backward()
+
+    fwd_bwd = bench_ms(forward_backward, device, [q, k, v])
+    fwd = bench_ms(lambda: attend(q, k, v, s.causal), device)
+    flops = attention_flops(s.batch * (s.heads if s.layout == "bhsd" else 1), s.seq, s.seq, s.d, s.causal)
+    metrics = {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_ms": fwd_bwd - fwd,
+               "fwd_flops": flops["forward"], "bwd_flops": flops["backward"], "fwd_bwd_flops": flops["fwd_bwd"]}
+    for part in ("fwd", "bwd", "fwd_bwd"):
+        metrics[f"{part}_tflops"] = metrics[f"{part}_flops"] / (metrics[f"{part}_ms"] * 1e-3) / 1e12
+    if device.type == "cuda":
+        metrics["kernels"] = _kernel_times(forward_backward, [q, k, v])
+    return metrics
+
+
+def _kernel_times(fn: Callable[[], None], grad_to_none: list[torch.Tensor]) -> list[dict]:
+    """Each GPU kernel of one call of `fn` (after a warm one), in launch order: name, ms."""
+    from cs336sys.profiling.trace import parse_trace, record_trace
+
+    def step() -> None:
+        for t in grad_to_none:
+            t.grad = None
+        fn()
+
+    trace = parse_trace(record_trace(step, steps=1, warmup=1, device="cuda"))
+    return [{"name": w.name[:200], "ms": w.dur / 1e3} for w in trace.work if w.kind == "kernel"]

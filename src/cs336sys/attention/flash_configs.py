@@ -9,6 +9,7 @@ notes/flash_attention.md has the measurements.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,14 @@ class Tiles:
     def __str__(self) -> str:
         return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}"
 
+    @classmethod
+    def parse(cls, text: str) -> Tiles:
+        """The inverse of str(): "256x64/w8/s3"."""
+        m = re.fullmatch(r"(\d+)x(\d+)/w(\d+)/s(\d+)", text.strip())
+        if not m:
+            raise ValueError(f"forward tiles {text!r} are not of the form MxN/wW/sS, e.g. 128x64/w8/s3")
+        return cls(*map(int, m.groups()))
+
 
 @dataclass(frozen=True)
 class BackwardConfig:
@@ -44,6 +53,16 @@ class BackwardConfig:
     def __str__(self) -> str:
         return (f"kv{self.block_m_kv}x{self.block_n_kv}/q{self.block_m_q}x{self.block_n_q}"
                 f"/w{self.num_warps}/s{self.num_stages}" + ("" if self.fused else "/split"))
+
+    @classmethod
+    def parse(cls, text: str) -> BackwardConfig:
+        """The inverse of str(): "kv64x128/q128x64/w8/s3/split" (without /split: one fused launch)."""
+        m = re.fullmatch(r"kv(\d+)x(\d+)/q(\d+)x(\d+)/w(\d+)/s(\d+)(/split)?", text.strip())
+        if not m:
+            raise ValueError(f"backward tiles {text!r} are not of the form kvMxN/qMxN/wW/sS[/split], "
+                             "e.g. kv64x128/q128x64/w8/s3/split")
+        *numbers, split = m.groups()
+        return cls(*map(int, numbers), fused=split is None)
 
 
 # Under the interpreter (CPU) the tiles only need to be small and unequal, so that the tests

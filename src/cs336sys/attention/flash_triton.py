@@ -1,10 +1,13 @@
 """FlashAttention-2 as a `torch.autograd.Function` over the Triton kernels (problems 9-10).
 
-`FlashAttention2Triton.apply(q, k, v, is_causal=False, precision="tf32")` takes (batch, seq, d) or
-(batch, heads, seq, d) tensors in float32, float16 or bfloat16 with d in {16, 32, 64, 128}, on
-CUDA, or on the CPU when TRITON_INTERPRET=1. It saves L (shape q.shape[:-1], float32), Q, K, V, O.
-`precision` says how float32 products run: "tf32" (Triton's default: tensor cores, 10-bit mantissa
-inputs) or "ieee" (full float32 on the CUDA cores); float16 and bfloat16 inputs ignore it.
+`FlashAttention2Triton.apply(q, k, v, is_causal=False, precision="tf32", forward_tiles=None,
+backward_tiles=None)` takes (batch, seq, d) or (batch, heads, seq, d) tensors in float32, float16
+or bfloat16 with d in {16, 32, 64, 128}, on CUDA, or on the CPU when TRITON_INTERPRET=1. It saves
+L (shape q.shape[:-1], float32), Q, K, V, O. `precision` says how float32 products run: "tf32"
+(Triton's default: tensor cores, 10-bit mantissa inputs) or "ieee" (full float32 on the CUDA
+cores); float16 and bfloat16 inputs ignore it. The tiles, as `flash_configs.Tiles` /
+`BackwardConfig` strings ("256x64/w8/s3", "kv64x128/q128x64/w8/s3/split"), replace the table's
+choice for a shape the table was not tuned for; None (or "") keeps the table's.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _tiles(text: str | None, kind: type):
+    return kind.parse(text) if text else None
+
+
 # The kernels take the tensors as they come, (batch, seq, d) or (batch, heads, seq, d), with no
 # reshaping views: on the H100 host we measured, each view costs a few microseconds, and the
 # whole call path here is host-bound for sequences up to a few thousand (notes/flash_attention.md).
@@ -79,56 +86,61 @@ def flash_attention_triton_backward(q: torch.Tensor, k: torch.Tensor, v: torch.T
 # operator's dispatch costs tens of microseconds per call, as much as a short kernel.
 @torch.library.custom_op("cs336sys::flash_attention_triton_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, precision: str,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash_attention_triton_forward(q, k, v, is_causal, precision=precision)
+                tiles: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attention_triton_forward(q, k, v, is_causal, _tiles(tiles, flash_configs.Tiles), precision)
 
 
 @_forward_op.register_fake
-def _(q, k, v, is_causal, precision):
+def _(q, k, v, is_causal, precision, tiles=""):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("cs336sys::flash_attention_triton_backward", mutates_args=())
 def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                 grad_out: torch.Tensor, is_causal: bool, precision: str,
+                 grad_out: torch.Tensor, is_causal: bool, precision: str, tiles: str = "",
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return flash_attention_triton_backward(q, k, v, out, lse, grad_out, is_causal, precision=precision)
+    return flash_attention_triton_backward(q, k, v, out, lse, grad_out, is_causal,
+                                           _tiles(tiles, flash_configs.BackwardConfig), precision)
 
 
 @_backward_op.register_fake
-def _(q, k, v, out, lse, grad_out, is_causal, precision):
+def _(q, k, v, out, lse, grad_out, is_causal, precision, tiles=""):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 class FlashAttention2Triton(torch.autograd.Function):
-    """`FlashAttention2Triton.apply(q, k, v, is_causal=False, precision="tf32")`; fused Triton forward and
-    backward."""
+    """`FlashAttention2Triton.apply(q, k, v, is_causal=False, precision="tf32", forward_tiles=None,
+    backward_tiles=None)`; fused Triton forward and backward."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                precision: str = "tf32"):
+                precision: str = "tf32", forward_tiles: str | None = None, backward_tiles: str | None = None):
         check_attention_inputs(q, k, v, is_causal, for_triton=True)
         check_precision(precision)
         if q.device.type != "cuda" and not kernels_interpreted():
             raise ValueError(f"the Triton kernels need CUDA tensors (got {q.device}); to run them on the "
                              "CPU set TRITON_INTERPRET=1 before triton is imported")
+        _tiles(backward_tiles, flash_configs.BackwardConfig)  # a malformed string fails here, not in backward
         if torch.compiler.is_compiling():
-            out, lse = _forward_op(q, k, v, is_causal, precision)
+            out, lse = _forward_op(q, k, v, is_causal, precision, forward_tiles or "")
         else:
-            out, lse = flash_attention_triton_forward(q, k, v, is_causal, precision=precision)
+            out, lse = flash_attention_triton_forward(q, k, v, is_causal,
+                                                      _tiles(forward_tiles, flash_configs.Tiles), precision)
         ctx.save_for_backward(lse, q, k, v, out)
-        ctx.is_causal, ctx.precision = is_causal, precision
+        ctx.is_causal, ctx.precision, ctx.backward_tiles = is_causal, precision, backward_tiles or ""
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         lse, q, k, v, out = ctx.saved_tensors
         if torch.compiler.is_compiling():
-            dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.precision)
+            dq, dk, dv = _backward_op(q, k, v, out, lse, grad_out, ctx.is_causal, ctx.precision,
+                                      ctx.backward_tiles)
         else:
-            dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal,
-                                                         precision=ctx.precision)
-        return dq, dk, dv, None, None
+            dq, dk, dv = flash_attention_triton_backward(
+                q, k, v, out, lse, grad_out, ctx.is_causal,
+                _tiles(ctx.backward_tiles, flash_configs.BackwardConfig), ctx.precision)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
