@@ -52,12 +52,14 @@ def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes(built):
         ours, cudnn = lb[edition, "ours"], lb[edition, "sdpa_cudnn"]
         fwd, bwd = ours["fwd_ms"] / cudnn["fwd_ms"], ours["bwd_ms"] / cudnn["bwd_ms"]
         assert row["met"] == (fwd <= 1 and bwd <= 1)
-        assert f"{fwd:.2f}× cuDNN's time" in row["result"] and f"backward {ours['bwd_ms']:.2f} ms, {bwd:.2f}×" in row["result"]
+        assert f"{fwd:.2f}× cuDNN's time" in row["result"]
+        assert f"backward {ours['bwd_ms']:.2f} ms, {bwd:.2f}×" in row["result"]
 
 
 def test_where_the_time_goes_names_our_split_backward_launches(built):
     _, ctx = built
-    assert "backward_kernel (dQ programs)" in ctx["lb_kernels"] and "backward_kernel (dK/dV programs)" in ctx["lb_kernels"]
+    for launch in ("dQ", "dK/dV"):
+        assert f"backward_kernel ({launch} programs)" in ctx["lb_kernels"]
 
 
 def test_the_section_and_its_appendix_render_cleanly(built):

@@ -40,7 +40,10 @@ LAUNCHED: dict[str, object] = {}
 class TmaConfig:
     """Forward: block_m query rows per program, block_n keys per step. Backward: dQ programs of
     q_m rows stepping q_n keys, dK/dV programs of kv_n keys stepping kv_m rows. warp_specialize:
-    ask Triton to split the inner loops into producer (loads) and consumer (products) warps."""
+    ask Triton to split the inner loops into producer (loads) and consumer (products) warps; on
+    Hopper with Triton 3.6 the forward compiles without any specialised region and the backward
+    kernels stop the compiler (an assertion in its warp-specialisation pass): kept for
+    tools/flash_hopper_probe.py, which records what a Triton version does with it."""
 
     block_m: int = 128
     block_n: int = 64
