@@ -3,9 +3,10 @@
     run_proxy_point(ProxySettings(variant="ours", fused_elementwise=True), run)   # one process, one GPU
 
 The step (`cs336sys.leaderboard.step`, or PyTorch's parts) at the 8B's widths, vocabulary and
-32,768-token sample, but with `num_layers` blocks (12 of the 8B's 34 fit one H200) on a world of one
-rank: the shards are whole, and the collectives copy within the device. It ranks the step's options
-between 2-GPU runs; what it cannot show is communication, the 2-rank memory and the whole model's time.
+32,768-token sample, but with `num_layers` blocks (12 of the 8B's 34 in the grid; notes/leaderboard.md
+has the peaks of its first runs on one H200) on a world of one rank: the shards are whole, and the
+collectives copy within the device. It ranks the step's options between 2-GPU runs; what it cannot
+show is communication, the 2-rank memory and the whole model's time.
 Every result says so in its settings (`proxy`).
 
 What is measured: build, `warmup` untimed steps, then `steps` steps each bracketed by a device
