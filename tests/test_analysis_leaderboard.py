@@ -248,3 +248,33 @@ def test_the_public_best_is_set_against_ours_by_the_share_of_peak():
     assert r["public_best_mfu"] == pytest.approx(flops / 4.0 / (2 * 2000e12))
     assert r["public_best_here_s"] == pytest.approx(8.0) and r["peak_ratio"] == 2.0 and r["entry_mfu"] == 0.4
     assert leaderboard._reference(reference, flops, 2, None, None) is None  # no peak (the smoke grid)
+
+
+def _proxy_point(root: Path, name: str, step_ms: float, peak_bytes: int | None, **settings) -> Path:
+    path = root / "results" / "leaderboard_proxy" / f"{name}.json"
+    st = {"proxy": "one-GPU proxy", "size": "8B", "num_layers": 12, "context_length": 32768, "variant": "ours",
+          **settings}
+    write_result(path, "leaderboard_proxy", st, {"median_ms": step_ms, "step_ms": [step_ms] * 5,
+                                                 "peak_bytes": peak_bytes, "num_layers": 12, "world_size": 1})
+    return path
+
+
+def test_proxy_results_are_a_table_of_their_own_and_absent_without_them(tmp_path):
+    """The one-GPU proxy's results (fewer layers, one rank) get their own labelled table, never the
+    leaderboard's rows; without them the section says nothing of a proxy."""
+    steps = [_point(tmp_path, "pytorch_parts", 6700.0, variant="pytorch_parts"), _point(tmp_path, "ours", 7400.0)]
+    proxies = [_proxy_point(tmp_path, "ours", 2600.0, 70 * 2**30),
+               _proxy_point(tmp_path, "ours_sdpa_fused_keep_attention", 1970.0, 72 * 2**30, attention="sdpa",
+                            fused_elementwise=True, keep_attention=True)]
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = leaderboard.build(steps + proxies, out, **GRID)
+    assert {(p["job"], p["name"]) for p in ctx["points"]} == {("main", "pytorch_parts"), ("main", "ours")}
+    assert ctx["proxy_layers"] == [12]
+    assert "fused RMSNorm, SwiGLU gate and RoPE, attention kept through the checkpoint" in ctx["tables"]["proxy"]
+    text = _render(ctx, tmp_path)
+    assert "A one-GPU proxy of the step" in text and "not a leaderboard result" in text
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    plain = leaderboard.build(steps, out2, **GRID)
+    assert "proxy" not in plain["tables"] and "proxy" not in _render(plain, tmp_path / "plain")

@@ -23,7 +23,6 @@ pytest.importorskip("triton")
 from cs336sys.leaderboard import fused_ops  # noqa: E402
 from cs336sys.leaderboard.fused_block import fused_block_forward  # noqa: E402
 from cs336sys.leaderboard.fused_ops import rms_norm, rotary, silu_gate  # noqa: E402
-from cs336sys.leaderboard.step import LeaderboardStep  # noqa: E402
 from cs336sys.model import RotaryEmbedding, TransformerBlock  # noqa: E402
 
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1" and fused_ops.kernels_interpreted()
@@ -188,20 +187,15 @@ def test_fused_block_matches_the_module(fresh_seed):
         assert rel(got, ref.double()) < 1e-4
 
 
-def _fused_block_fn(self: LeaderboardStep, index: int):
-    block = self.model.layers[index]
-    return lambda params, x: fused_block_forward(block, params, x)
-
-
 FUSED_STEP_CONFIGS = [("all", True), ("none", False), (1, True)]
 
 
 def _fused_step_checks(info, seed: int) -> dict:
-    """test_leaderboard_step's training check, with every block run by `fused_block_forward`."""
+    """test_leaderboard_step's training check, with the step's `fused_elementwise` option."""
     from test_leaderboard_step import _train_ours
 
-    LeaderboardStep._block_fn = _fused_block_fn  # this spawned rank's own copy of the class
-    return {f"{p}/{r}": _train_ours(info.rank, info.world_size, seed, p, r) for p, r in FUSED_STEP_CONFIGS}
+    return {f"{p}/{r}": _train_ours(info.rank, info.world_size, seed, p, r, fused_elementwise=True)
+            for p, r in FUSED_STEP_CONFIGS}
 
 
 @interpreted

@@ -86,23 +86,23 @@ def test_fused_head_loss_in_bf16_against_float64_and_its_memory():
         assert ((got.double() - want).norm() / want.norm()).item() < 3e-2
 
 
-def _step_against_plain_model(info, seed: int) -> dict:
-    """One rank: our step (flash attention, bf16 compute) for three steps against the plain model in
-    fp32 with our AdamW on the whole global batch."""
+def _step_against_plain_model(info, seed: int, size: ModelSize = SMALL, options: dict | None = None) -> dict:
+    """One rank: our step (flash attention unless `options` say otherwise, bf16 compute) for three steps
+    against the plain model in fp32 with our AdamW on the whole global batch."""
     rank, world = info.rank, info.world_size
     device = f"cuda:{rank}"
-    spec = LeaderboardSpec(size=SMALL, context_length=SEQ, batch_per_rank=1, compute_dtype="bf16",
-                           attention="flash", checkpoint_blocks=1, reshard_after_forward=True,
-                           ce_chunk_tokens=128, seed=seed, world_size=world)
+    spec = LeaderboardSpec(size=size, context_length=SEQ, batch_per_rank=1, compute_dtype="bf16",
+                           checkpoint_blocks=1, reshard_after_forward=True, ce_chunk_tokens=128, seed=seed,
+                           world_size=world, **{"attention": "flash", **(options or {})})
     step = build_leaderboard_step(spec, device)
     torch.manual_seed(seed)
-    reference = build_model(SMALL, SEQ, device=device)
+    reference = build_model(size, SEQ, device=device)
     start = {name: p.detach().clone() for name, p in reference.named_parameters()}
     opt_ref = AdamW(reference.parameters(), lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
     gen = torch.Generator().manual_seed(seed + 1)
     loss_err = 0.0
     for _ in range(3):
-        tokens, targets = (torch.randint(0, SMALL.vocab_size, (world, SEQ), generator=gen).to(device) for _ in range(2))
+        tokens, targets = (torch.randint(0, size.vocab_size, (world, SEQ), generator=gen).to(device) for _ in range(2))
         opt_ref.zero_grad()
         ref_loss = cross_entropy(reference(tokens), targets)
         ref_loss.backward()
@@ -119,12 +119,28 @@ def _step_against_plain_model(info, seed: int) -> dict:
     return {"loss_err": loss_err, "update_err": (diff / update).sqrt().item()}
 
 
+# The step's options (`fused_elementwise`, attention "flash_tuned", `keep_attention`), at d_head 128 so
+# that "flash_tuned" takes the 8B's tiles (cs336sys.leaderboard.attention).
+SMALL_D128 = ModelSize("leaderboard-gpu-test-d128", d_model=256, d_ff=688, num_layers=3, num_heads=2,
+                       vocab_size=512, batch_size=2)
+OPTIONS = {
+    "model_ops": (SMALL, {}),
+    "fused": (SMALL, {"fused_elementwise": True}),
+    "flash_tuned_fused_keep": (SMALL_D128, {"attention": "flash_tuned", "fused_elementwise": True,
+                                            "keep_attention": True}),
+    "sdpa_fused_keep": (SMALL_D128, {"attention": "sdpa", "fused_elementwise": True, "keep_attention": True}),
+}
+
+
+@pytest.mark.parametrize("options", list(OPTIONS))
 @pytest.mark.parametrize("world", [1, 2])
-def test_step_with_flash_attention_in_bf16_matches_the_plain_model(world):
+def test_step_in_bf16_matches_the_plain_model(world, options):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs ({torch.cuda.device_count()} visible)")
     seed = _seed()
-    for rank, r in enumerate(spawn(_step_against_plain_model, world, seed, device="cuda", timeout_s=300)):
+    size, kwargs = OPTIONS[options]
+    for rank, r in enumerate(spawn(_step_against_plain_model, world, seed, size, kwargs, device="cuda",
+                                   timeout_s=300)):
         # bf16 compute against fp32: ~1e-3 on the loss. The parameters are compared through the three
         # updates (ours - reference, over the reference's own change): bf16 rounding flips the sign of
         # Adam's first steps for near-zero gradients, which moves a parameter by a whole update, so the
@@ -132,3 +148,47 @@ def test_step_with_flash_attention_in_bf16_matches_the_plain_model(world):
         # wrong gradient or a lost update is of the order of the update itself (100%).
         assert r["loss_err"] < 2e-2, f"rank {rank}: loss off by {r['loss_err']:.3g}"
         assert r["update_err"] < 0.15, f"rank {rank}: updates off by {r['update_err']:.3g} of their size"
+
+
+def test_tuned_tiles_against_float64():
+    """The 8B's tiles (forward 256x64/w8/s3, backward kv64x128/q128x64/w8/s3 split) at d_head 128 in
+    bf16, at 4,096 tokens: O, dQ, dK, dV against float64 attention. bf16 keeps 8 significant bits; a
+    wrong tile (a key block missed or counted twice) is off by O(1). The table's tiles are printed beside."""
+    from cs336sys.attention.flash_triton import flash_causal_attention
+    from cs336sys.attention.naive import naive_causal_attention
+    from cs336sys.leaderboard.attention import BACKWARD_8B, FORWARD_8B, tuned_flash_attention, tuned_tiles
+
+    _seed()
+    q, k, v = (torch.randn(1, 4, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    assert tuned_tiles(q) == (FORWARD_8B, BACKWARD_8B)
+    grad = torch.randn_like(q)
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    want = naive_causal_attention(*ref)
+    want.backward(grad.double())
+    errors = {}
+    for name, fn in (("tuned", tuned_flash_attention), ("table", flash_causal_attention)):
+        ours = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*ours)
+        out.backward(grad)
+        errors[name] = max(((got.double() - w).abs().max() / w.abs().max()).item()
+                           for got, w in zip([out] + [t.grad for t in ours], [want] + [t.grad for t in ref],
+                                             strict=True))
+    print(f"largest error / largest value: tuned tiles {errors['tuned']:.2e}, table's {errors['table']:.2e}")
+    assert errors["tuned"] < 2e-2
+
+
+def test_flash_tuned_forward_is_kept_through_the_checkpoint():
+    """Compiled, as under the interpreter (test_leaderboard_options.py): one forward per checkpointed
+    block with keep_attention, two without."""
+    from test_leaderboard_options import FLASH_FORWARD, OpCounter
+
+    counts = {}
+    for keep in (True, False):
+        spec = LeaderboardSpec(size=SMALL_D128, context_length=SEQ, compute_dtype="bf16", attention="flash_tuned",
+                               keep_attention=keep, ce_chunk_tokens=128)
+        step = build_leaderboard_step(spec, "cuda")
+        with OpCounter() as counter:
+            step.run()
+        counts[keep] = counter.counts[FLASH_FORWARD]
+    layers = SMALL_D128.num_layers
+    assert counts == {True: layers, False: 2 * layers}

@@ -48,10 +48,11 @@ BF16_LOSS_REL_TOL = 5e-3
 BF16_GRAD_REL_TOL = 8e-2
 
 
-def _spec(rank: int, seed: int, policy="all", reshard: bool = True, dtype: str = "fp32") -> LeaderboardSpec:
+def _spec(rank: int, seed: int, policy="all", reshard: bool = True, dtype: str = "fp32", **options) -> LeaderboardSpec:
+    """`options`: the spec's other settings (attention "naive" unless given)."""
     return LeaderboardSpec(size=TINY, context_length=SEQ, batch_per_rank=BATCH_PER_RANK, compute_dtype=dtype,
-                           attention="naive", checkpoint_blocks=policy, reshard_after_forward=reshard,
-                           ce_chunk_tokens=CHUNK, seed=seed + 7 * rank, lr=LR, eps=EPS, weight_decay=WD)
+                           checkpoint_blocks=policy, reshard_after_forward=reshard, ce_chunk_tokens=CHUNK,
+                           seed=seed + 7 * rank, lr=LR, eps=EPS, weight_decay=WD, **{"attention": "naive", **options})
 
 
 def _reference(seed: int):
@@ -93,9 +94,9 @@ def _track_gathers(step) -> list[weakref.ref]:
     return refs
 
 
-def _train_ours(rank: int, world: int, seed: int, policy, reshard: bool) -> dict:
+def _train_ours(rank: int, world: int, seed: int, policy, reshard: bool, **options) -> dict:
     reference, opt_ref = _reference(seed)
-    step = build_leaderboard_step(_spec(rank, seed, policy, reshard), "cpu")
+    step = build_leaderboard_step(_spec(rank, seed, policy, reshard, **options), "cpu")
     initial = step.fsdp.gather_full_params()
     result = {"initial_err": max((initial[n] - p).abs().max().item() for n, p in reference.named_parameters()),
               "loss_err": 0.0, "grad_err": 0.0, "alive_after_step": 0, "gathers": []}

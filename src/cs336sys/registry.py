@@ -90,6 +90,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("fsdp_step", "cs336sys.distributed.sharding_experiments:run_fsdp_step_point", "sharding"),
     Experiment("fsdp_trace", "cs336sys.distributed.sharding_experiments:run_fsdp_trace_point", "sharding"),
     Experiment("leaderboard_step", "cs336sys.leaderboard.experiments:run_leaderboard_point", "leaderboard"),
+    Experiment("leaderboard_proxy", "cs336sys.leaderboard.proxy:run_proxy_point", "leaderboard"),
 ]}
 
 PROBLEMS: list[Problem] = [

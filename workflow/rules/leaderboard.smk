@@ -5,12 +5,19 @@
 from cs336sys.sizes import get_size  # noqa: E402  (no torch: the registry of model shapes)
 
 LB = GRID["leaderboard"]
-_layers = get_size(LB["size"]).num_layers
-for _name, _config in LB["configs"].items():
-    _k = _config.get("checkpoint_blocks")
-    if isinstance(_k, int) and not 0 <= _k <= _layers:
-        raise ValueError(f"leaderboard.configs.{_name}: checkpoint_blocks {_k} is not a number of blocks of "
-                         f"{LB['size']} (0..{_layers})")
+_proxy = LB.get("proxy") or {"configs": {}}
+
+
+def _check_checkpoint_blocks(where, configs, model, layers):
+    for name, config in configs.items():
+        k = config.get("checkpoint_blocks")
+        if isinstance(k, int) and not 0 <= k <= layers:
+            raise ValueError(f"{where}.{name}: checkpoint_blocks {k} is not a number of blocks of {model} "
+                             f"(0..{layers})")
+
+
+_check_checkpoint_blocks("leaderboard.configs", LB["configs"], LB["size"], get_size(LB["size"]).num_layers)
+_check_checkpoint_blocks("leaderboard.proxy.configs", _proxy["configs"], "the proxy", _proxy.get("num_layers", 0))
 experiment_job("leaderboard_step", "", [], [])  # handled here even while the grid names no job
 
 for _job, _names in LB["jobs"].items():
@@ -28,9 +35,22 @@ for _job, _names in LB["jobs"].items():
         gpus=LB["world_size"], rendered=True,
     )
 
+# The one-GPU proxy of the step (issue 24): the 8B's widths, vocabulary and sample, `proxy.num_layers`
+# blocks, one rank. A proxy, not the leaderboard step: its results say so, and the section reads only
+# the step's. Only a grid with `leaderboard.proxy` (the overlay `next`, the smoke grid) has the job.
+experiment_job(
+    "leaderboard_proxy", "",
+    [dict(size=LB["size"], num_layers=_proxy["num_layers"], context_length=LB["context_length"],
+          compute_dtype=LB["compute_dtype"], warmup=_proxy["warmup"], steps=_proxy["steps"], device=DEVICE,
+          **{"variant": "ours", **config})
+     for config in _proxy["configs"].values()],
+    [f"results/leaderboard_proxy/{name}.json" for name in _proxy["configs"]],
+    gpus=1,
+)
+
 section(
     "leaderboard",
-    results_of("leaderboard_step") + timings_of("leaderboard_step"),
+    results_of("leaderboard_step") + timings_of("leaderboard_step") + results_of("leaderboard_proxy"),
     extra={**{k: LB[k] for k in ("size", "context_length", "world_size", "compute_dtype", "peak_tflops", "configs", "jobs")},
            "reference": LB.get("reference"),
            # the shape our flash kernel's tiles were tuned at (the flash section's leaderboard benchmark)

@@ -96,7 +96,24 @@ def _describe(settings: dict) -> str:
                  else f"checkpoint the first {ckpt} blocks")
     parts.append("gather again for the backward" if settings.get("reshard_after_forward", True)
                  else "keep gathered params")
+    if settings.get("fused_elementwise"):
+        parts.append("fused RMSNorm, SwiGLU gate and RoPE")
+    if settings.get("keep_attention"):
+        parts.append("attention kept through the checkpoint")
     return ", ".join(parts)
+
+
+def _proxy_table(proxies: list[tuple[str, dict]]) -> pd.DataFrame:
+    """The one-GPU proxy's configs (not leaderboard results): median step and allocator peak."""
+    rows = []
+    for name, r in proxies:
+        m = r.get("metrics") or {}
+        ok = r["status"] == "ok"
+        rows.append({"config": name, "setup": _describe(r["settings"]),
+                     "step (s)": f"{m['median_ms'] / 1e3:.3f}" if ok else r["status"],
+                     "peak (GiB)": m.get("peak_bytes") / GIB if ok and m.get("peak_bytes") else None})
+    table = pd.DataFrame(rows)
+    return table if table["peak (GiB)"].notna().any() else table.drop(columns="peak (GiB)")
 
 
 def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | None) -> tuple[dict, list[dict]]:
@@ -324,9 +341,13 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         if peak_tflops:
             ctx["floor_s"] = flops["total"] / (world_size * peak_tflops * 1e12)
             ctx["target_mfu"] = ctx["floor_s"] / TARGET_STEP_S
-    # results/leaderboard_step/<job>/<config>.json
-    results = [(p.parent.name, p.stem, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
-    results = [(job, name, r) for job, name, r in results if r.get("problem") == "leaderboard_step"]
+    # results/leaderboard_step/<job>/<config>.json, and the proxy's results/leaderboard_proxy/<config>.json
+    read = [(p, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
+    results = [(p.parent.name, p.stem, r) for p, r in read if r.get("problem") == "leaderboard_step"]
+    proxies = [(p.stem, r) for p, r in read if r.get("problem") == "leaderboard_proxy"]
+    if proxies:
+        ctx["proxy_layers"] = sorted({r["settings"]["num_layers"] for _, r in proxies})
+        ctx["tables"]["proxy"] = save_table(_proxy_table(proxies), out, "proxy", digits=2)
     ctx["limitations"] = [f"The leaderboard runs on two B200s; the step here was timed on {world_size} H200s, "
                           "the only GPUs lent (the public best is set against ours by the share of each GPU's "
                           "datasheet peak that a step reaches)."]

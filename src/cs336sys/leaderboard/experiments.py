@@ -54,6 +54,8 @@ class LeaderboardSettings:
     attention: str = "flash"  # ours only; the baseline always uses sdpa
     checkpoint_blocks: int | str | tuple[int, ...] = "all"  # ours only
     reshard_after_forward: bool = True  # ours only
+    fused_elementwise: bool = False  # ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels
+    keep_attention: bool = False  # ours only: checkpointed blocks keep attention's outputs (step.py)
     ce_chunk_tokens: int = 4096
     warmup: int = 2
     steps: int = 5
@@ -78,6 +80,7 @@ class LeaderboardSettings:
                                compute_dtype=self.compute_dtype, attention=self.attention,
                                checkpoint_blocks=tuple(policy) if isinstance(policy, list) else policy,
                                reshard_after_forward=self.reshard_after_forward,
+                               fused_elementwise=self.fused_elementwise, keep_attention=self.keep_attention,
                                ce_chunk_tokens=self.ce_chunk_tokens, seed=self.seed,
                                world_size=REQUIRED_WORLD_SIZE)
 

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 # torch >= 2.10 names the flat collectives *_single; 2.13 warns on the *_tensor names.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -239,11 +239,14 @@ class BlockFSDP:
             if u.lowp.dtype != u.shard.dtype:
                 u.lowp.copy_(u.shard)
 
-    def run_unit(self, index: int, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
-        """`fn(params, *args)` with `params` the unit's full parameters (name -> tensor, compute dtype)."""
+    def run_unit(self, index: int, fn: Callable[..., Any], *args: Any, checkpointed: bool = False,
+                 context_fn: Callable[[], Any] | None = None) -> Any:
+        """`fn(params, *args)` with `params` the unit's full parameters (name -> tensor, compute dtype).
+        `context_fn`: the checkpoint's (torch.utils.checkpoint), e.g. a selective-checkpoint policy."""
         unit = self.units[index]
         if checkpointed and torch.is_grad_enabled():
-            return checkpoint(self._call, unit, fn, True, *args, use_reentrant=False, preserve_rng_state=False)
+            return checkpoint(self._call, unit, fn, True, *args, use_reentrant=False, preserve_rng_state=False,
+                              context_fn=context_fn or noop_context_fn)
         return self._call(unit, fn, False, *args)
 
     def _call(self, unit: FlatUnit, fn: Callable[..., Any], checkpointed: bool, *args: Any) -> Any:

@@ -10,6 +10,13 @@ loss as `lm_head_cross_entropy` (chunks of `ce_chunk_tokens`, the (N, V) logits 
 backward; `finish_gradient_synchronization()`; `FusedAdamW.step()` over the fp32 shards, which
 also rewrites each shard's bf16 copy (what the next step's all-gathers send).
 
+Options, each off by default (the configurations measured before them run as they did):
+`fused_elementwise` runs each block through `fused_block.fused_block_forward` (RMSNorm, the SwiGLU
+gate and RoPE as Triton kernels); attention "flash_tuned" is our flash through the step's own call
+(`cs336sys.leaderboard.attention`: the tiles tuned at the 8B's shape); `keep_attention` makes each
+checkpointed block keep attention's outputs from the forward, so its recompute skips attention's
+forward kernel (SDPA's, or "flash_tuned"'s).
+
 Why drive the parts instead of calling `model(tokens)`: the model's forward ends in full logits
 (151,936 x 32,768 x 4 bytes = 20 GB in fp32) and checkpoints every k-th group uniformly; the step
 needs the fused head + loss and a per-block checkpoint policy. The model's parameters and modules
@@ -23,8 +30,8 @@ Memory (8B, 2 ranks, bf16, per rank): fp32 master shard 16.2 GB, Adam m and v 32
 gradient shard 16.2 GB, bf16 copy 8.1 GB: 73 GB persistent. While building, every rank holds the
 whole fp32 model once (32.4 GB, built on the device with the seed, so every rank starts the same;
 BlockFSDP then broadcasts rank 0's) before it is sharded unit by unit (each unit's originals are
-freed as its shard is made): an estimated peak of about 35 GB (not yet measured), before any
-optimizer state exists.
+freed as its shard is made), before any optimizer state exists: the allocator's peak while building
+was 36.9 GB per GPU (`build_peak_bytes` of results/leaderboard_step/main/ours.json).
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from cs336sys.leaderboard.loss import lm_head_cross_entropy
 from cs336sys.model import AttentionFn, TransformerLM, build_model
 from cs336sys.sizes import ModelSize, get_size, parameter_count, train_step_flops
 
-ATTENTION = ("flash", "sdpa", "naive")
+ATTENTION = ("flash", "flash_tuned", "sdpa", "naive")
+KEPT_ATTENTION = ("sdpa", "flash_tuned")  # one dispatched op each: what keep_attention can keep
 COMPUTE_DTYPES = ("bf16", "fp32")
 CheckpointPolicy = int | str | tuple[int, ...]
 
@@ -56,6 +64,7 @@ class LeaderboardSpec:
 
     `checkpoint_blocks`: "all", "none", k (the first k blocks: their activations live longest), or
     a tuple of block indices. `world_size`: the number of ranks the step must run on (None: any).
+    `fused_elementwise`, `keep_attention`: see the module docstring.
     """
 
     size: str | ModelSize = "8B"
@@ -71,6 +80,8 @@ class LeaderboardSpec:
     lr: float = 1e-3
     eps: float = 1e-8
     weight_decay: float = 0.01
+    fused_elementwise: bool = False
+    keep_attention: bool = False
 
     def __post_init__(self) -> None:
         size = get_size(self.size)
@@ -84,6 +95,9 @@ class LeaderboardSpec:
         if self.world_size is not None and self.world_size < 1:
             raise ValueError(f"world_size must be positive (or None), got {self.world_size}")
         checkpointed_blocks(self.checkpoint_blocks, size.num_layers)
+        if self.keep_attention and self.attention not in KEPT_ATTENTION:
+            raise ValueError(f"keep_attention keeps the forward of attention {' or '.join(KEPT_ATTENTION)}, "
+                             f"not {self.attention!r}")
 
     @property
     def model_size(self) -> ModelSize:
@@ -116,6 +130,10 @@ def resolve_attention(name: str, attention_fn: AttentionFn | None = None) -> str
         from cs336sys.attention.flash_triton import flash_causal_attention
 
         return flash_causal_attention
+    if name == "flash_tuned":
+        from cs336sys.leaderboard.attention import tuned_flash_attention
+
+        return tuned_flash_attention
     return name
 
 
@@ -183,6 +201,7 @@ class LeaderboardStep(StepLoop):
     device: str
     checkpointed: frozenset[int]
     info: dict = field(default_factory=dict)
+    checkpoint_context: Callable | None = None  # the checkpoint's context_fn (keep_attention's policy)
     phase: Callable[[str], contextlib.AbstractContextManager] = no_phase
 
     def _embed(self, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
@@ -190,6 +209,10 @@ class LeaderboardStep(StepLoop):
 
     def _block_fn(self, index: int) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
         block = self.model.layers[index]
+        if self.spec.fused_elementwise:
+            from cs336sys.leaderboard.fused_block import fused_block_forward
+
+            return lambda params, x: fused_block_forward(block, params, x)
         return lambda params, x: functional_call(block, params, (x,))
 
     def _head_loss(self, params: dict[str, Tensor], x: Tensor, targets: Tensor) -> Tensor:
@@ -201,7 +224,8 @@ class LeaderboardStep(StepLoop):
         with self.phase("forward"):
             x = self.fsdp.run_unit(0, self._embed, self.tokens)
             for i in range(len(self.model.layers)):
-                x = self.fsdp.run_unit(i + 1, self._block_fn(i), x, checkpointed=i in self.checkpointed)
+                x = self.fsdp.run_unit(i + 1, self._block_fn(i), x, checkpointed=i in self.checkpointed,
+                                      context_fn=self.checkpoint_context)
             return self.fsdp.run_unit(len(self.model.layers) + 1, self._head_loss, x, self.targets)
 
     def forward_backward(self) -> Tensor:
@@ -235,5 +259,9 @@ def build_leaderboard_step(spec: LeaderboardSpec, device: str | torch.device,
     info = {"batch_size": batch, "batch_per_rank": spec.batch_per_rank, "world_size": world,
             "parameters": parameter_count(size), "flops_per_step": train_step_flops(size, batch, spec.context_length),
             "checkpointed_blocks": sorted(checkpointed_blocks(spec.checkpoint_blocks, size.num_layers))}
+    context = None
+    if spec.keep_attention:
+        from cs336sys.leaderboard.attention import keep_attention_context as context
     return LeaderboardStep(spec, model, fsdp, optimizer, tokens, targets, device,
-                           checkpointed_blocks(spec.checkpoint_blocks, size.num_layers), info)
+                           checkpointed_blocks(spec.checkpoint_blocks, size.num_layers), info,
+                           checkpoint_context=context)
