@@ -215,8 +215,9 @@ def test_explicit_tile_strings_match_the_table_and_bad_ones_are_named():
 
 
 @interpreted
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
 @pytest.mark.parametrize("lead,seq_q,seq_k,d,causal", CASES)
-def test_descriptor_kernels_match_float64(lead, seq_q, seq_k, d, causal):
+def test_descriptor_kernels_match_float64(lead, seq_q, seq_k, d, causal, prefetch):
     """The tensor-descriptor (TMA) kernel family: tiles that run past a head's end read the next
     head's rows, which must get weight zero and never be stored."""
     from cs336sys.attention.flash_triton_tma import TmaConfig, tma_backward, tma_forward
@@ -224,7 +225,7 @@ def test_descriptor_kernels_match_float64(lead, seq_q, seq_k, d, causal):
     q, k, v = random_qkv(lead, seq_q, seq_k, d)
     grad_out = torch.randn_like(q)
     config = TmaConfig(block_m=32, block_n=16, num_warps=4, num_stages=1, q_m=32, q_n=16, q_stages=1,
-                       kv_m=16, kv_n=32, kv_stages=1)
+                       kv_m=16, kv_n=32, kv_stages=1, prefetch=prefetch)
     with torch.no_grad():
         out, lse = tma_forward(q, k, v, causal, config, "ieee")
         grads = tma_backward(q, k, v, out, lse, grad_out, causal, config, "ieee")

@@ -119,15 +119,18 @@ def present(shape_name, q, k, v, do, d, bh, seq) -> None:
                fwd_ms=fwd, bwd_ms=bwd)
 
 
-def candidates(shape_name, q, k, v, do, d, ws_values) -> None:
+def candidates(shape_name, q, k, v, do, d, ws_values, kinds=()) -> None:
     o_ref, lse_ref = ptr_fwd.flash_forward(q, k, v, True, forward_config(d, q.dtype, q.shape[-2], 1, True))
     _, delta = tma.tma_dq(q, k, v, o_ref, lse_ref, do, True, C())
     best_ws = (math.inf, None)
     for ws in ws_values:
-        for kind, table in (("forward", FORWARD), ("dq", DQ), ("dkdv", DKDV)):
+        for kind, table in (("forward", FORWARD), ("forward_prefetch", FORWARD), ("dq", DQ), ("dkdv", DKDV)):
+            if kinds and kind not in kinds:
+                continue
             for m, n, w, s in table[d]:
-                if kind == "forward":
-                    c = C(block_m=m, block_n=n, num_warps=w, num_stages=s, warp_specialize=ws)
+                if kind.startswith("forward"):
+                    c = C(block_m=m, block_n=n, num_warps=w, num_stages=s, warp_specialize=ws,
+                          prefetch=kind == "forward_prefetch")
                     fn = lambda c=c: tma.tma_forward(q, k, v, True, c)  # noqa: E731
                 elif kind == "dq":
                     c = C(q_m=m, q_n=n, q_warps=w, q_stages=s, warp_specialize=ws)
@@ -139,7 +142,7 @@ def candidates(shape_name, q, k, v, do, d, ws_values) -> None:
                 try:
                     err = check(c, d)
                     fn()
-                    facts = compiled_facts(tma.LAUNCHED.get(kind))
+                    facts = compiled_facts(tma.LAUNCHED.get(kind.split("_")[0]))
                     if err > 2e-2:
                         record(**row, rel_err=err, status="wrong", **facts)
                         continue
@@ -190,6 +193,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="lb25,lb26")
     ap.add_argument("--ws", default="0", help="warp_specialize values for the tile sweep")
     ap.add_argument("--ws-evidence", action="store_true", help="only the warp-specialisation evidence")
+    ap.add_argument("--kinds", default="", help="only these kinds (forward, forward_prefetch, dq, dkdv)")
     ap.add_argument("--no-baselines", action="store_true", help="skip SDPA and our present kernels")
     args = ap.parse_args()
     OUT = args.out
@@ -207,7 +211,8 @@ def main() -> None:
         if not args.no_baselines:
             sdpa(name, q, k, v, do, flops)
             present(name, q, k, v, do, d, math.prod(lead), seq)
-        candidates(name, q, k, v, do, d, [bool(int(w)) for w in args.ws.split(",")])
+        candidates(name, q, k, v, do, d, [bool(int(w)) for w in args.ws.split(",")],
+                   [k for k in args.kinds.split(",") if k])
         del q, k, v, do
         torch.cuda.empty_cache()
 

@@ -50,6 +50,7 @@ class TmaConfig:
     num_warps: int = 8
     num_stages: int = 3
     warp_specialize: bool = False
+    prefetch: bool = False  # forward: issue the next tile's scores before this tile's softmax (causal, even keys)
     ws_diagonal: bool = False  # also the loop over the diagonal tiles (with warp_specialize)
     q_m: int = 64
     q_n: int = 64
@@ -62,6 +63,7 @@ class TmaConfig:
 
     def __str__(self) -> str:
         ws = ("/ws+diag" if self.ws_diagonal else "/ws") if self.warp_specialize else ""
+        ws += "/prefetch" if self.prefetch else ""
         return (f"fwd {self.block_m}x{self.block_n}/w{self.num_warps}/s{self.num_stages}, "
                 f"dq {self.q_m}x{self.q_n}/w{self.q_warps}/s{self.q_stages}, "
                 f"dkdv {self.kv_m}x{self.kv_n}/w{self.kv_warps}/s{self.kv_stages}{ws}")
@@ -97,10 +99,37 @@ def _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, n_st
 
 
 @triton.jit
+def _fold(acc, row_sum, row_max, scores, v, qk_scale, DOT: tl.constexpr):
+    """One online-softmax step: fold a tile of unmasked scores and its values into the state."""
+    new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
+    p = tl.math.exp2(scores * qk_scale - new_max[:, None])
+    correction = tl.math.exp2(row_max - new_max)
+    row_sum = row_sum * correction + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
+    return acc, row_sum, new_max
+
+
+@triton.jit
+def _fwd_key_tiles_prefetched(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, n_start, n_end, qk_scale,
+                              BLOCK_N: tl.constexpr, DOT: tl.constexpr):
+    """Unmasked key tiles [n_start, n_end) (at least one), with the next tile's scores issued before
+    this tile's softmax: the product QK^T of tile i+1 has no dependence on the softmax of tile i, so
+    the tensor cores can run it while the softmax runs (FlashAttention-3's intra-warpgroup overlap,
+    by hand: whether it overlaps is the compiler's and the hardware's affair)."""
+    scores = tl.dot(q, tl.trans(desc_k.load([kv_row0 + n_start, 0])), input_precision=DOT)
+    for n0 in range(n_start, n_end - BLOCK_N, BLOCK_N):
+        following = tl.dot(q, tl.trans(desc_k.load([kv_row0 + n0 + BLOCK_N, 0])), input_precision=DOT)
+        acc, row_sum, row_max = _fold(acc, row_sum, row_max, scores, desc_v.load([kv_row0 + n0, 0]), qk_scale, DOT)
+        scores = following
+    return _fold(acc, row_sum, row_max, scores, desc_v.load([kv_row0 + n_end - BLOCK_N, 0]), qk_scale, DOT)
+
+
+@triton.jit
 def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-                       WARP_SPECIALIZE: tl.constexpr, WS_DIAGONAL: tl.constexpr, DOT: tl.constexpr):
+                       WARP_SPECIALIZE: tl.constexpr, WS_DIAGONAL: tl.constexpr, PREFETCH: tl.constexpr,
+                       DOT: tl.constexpr):
     pid_m = tl.program_id(0)
     if IS_CAUSAL:  # longest first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -118,9 +147,14 @@ def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     if IS_CAUSAL:
         below_end = tl.minimum(m0, seq_k)
-        acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, 0,
-                                               below_end, seq_k, qk_scale, BLOCK_N, False, not EVEN_N,
-                                               WARP_SPECIALIZE, DOT)
+        if PREFETCH and EVEN_N:  # tiles below the diagonal are whole: no key mask
+            if below_end > 0:
+                acc, row_sum, row_max = _fwd_key_tiles_prefetched(acc, row_sum, row_max, q, desc_k, desc_v,
+                                                                  kv_row0, 0, below_end, qk_scale, BLOCK_N, DOT)
+        else:
+            acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, 0,
+                                                   below_end, seq_k, qk_scale, BLOCK_N, False, not EVEN_N,
+                                                   WARP_SPECIALIZE, DOT)
         acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows,
                                                below_end, tl.minimum(m0 + BLOCK_M, seq_k), seq_k, qk_scale,
                                                BLOCK_N, True, not EVEN_N, WS_DIAGONAL, DOT)
@@ -152,7 +186,7 @@ def tma_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
         q, _descriptor(k, c.block_n), _descriptor(v, c.block_n), out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
         HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.block_m == 0, EVEN_N=seq_k % c.block_n == 0, WARP_SPECIALIZE=c.warp_specialize,
-        WS_DIAGONAL=c.warp_specialize and c.ws_diagonal,
+        WS_DIAGONAL=c.warp_specialize and c.ws_diagonal, PREFETCH=c.prefetch,
         DOT=precision, num_warps=c.num_warps, num_stages=c.num_stages)
     return out, lse
 
