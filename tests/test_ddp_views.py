@@ -165,6 +165,7 @@ def test_bad_arguments_and_no_group():
         BucketViewDDP(ToyNet(), bucket_size_mb=-1)
     model = ToyNet()
     ddp = BucketViewDDP(model, bucket_size_mb=1.0)  # no process group: the wrapper changes nothing
+    assert "module.scale" in ddp.state_dict()  # nn.Module's own registries left alone
     ddp(torch.randn(BATCH_PER_RANK, IN)).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     ddp.finish_gradient_synchronization()
