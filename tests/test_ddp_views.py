@@ -4,6 +4,9 @@ its promise of no tensor work per step beyond the all-reduces: gradients stay in
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from conftest import spawn_checks
@@ -98,6 +101,27 @@ def _all_checks(info, seed: int) -> dict:
                                                   after_backward=synchronise)
     results["mid/transformer"] = train_transformer_against_reference(_wrapper(BUCKETS["mid"]), rank, world, seed)
     results["steady"] = _steady_state(info, seed)
+
+    # Two backward passes without synchronising in between is a usage error, said at once.
+    ddp = BucketViewDDP(ToyNet(), bucket_size_mb=BUCKETS["mid"])
+    x = torch.randn(BATCH_PER_RANK, IN)
+    ddp(x).sum().backward()
+    try:
+        ddp(x).sum().backward()
+        results["double_backward"] = None
+    except RuntimeError as exc:
+        results["double_backward"] = str(exc)
+    ddp.finish_gradient_synchronization()
+
+    # The hooks hold the wrapper weakly: a dropped wrapper frees its model.
+    model = ToyNet()
+    ddp = BucketViewDDP(model, bucket_size_mb=BUCKETS["mid"])
+    ddp(x).sum().backward()
+    ddp.finish_gradient_synchronization()
+    ref = weakref.ref(model)
+    del model, ddp
+    gc.collect()
+    results["model_freed"] = ref() is None
     return results
 
 
@@ -160,6 +184,13 @@ def test_gradients_stay_in_the_buckets_and_steps_allocate_nothing(spawned):
             assert set(ops) <= {"allreduce_", "wait", "fill_", "_foreach_div_"}, ops
 
 
+def test_double_backward_is_refused_and_a_dropped_wrapper_frees_its_model(spawned):
+    _, per_rank = spawned
+    for results in per_rank:
+        assert results["double_backward"] is not None and "became ready twice" in results["double_backward"]
+        assert results["model_freed"]
+
+
 def test_bad_arguments_and_no_group():
     with pytest.raises(ValueError, match="bucket_size_mb"):
         BucketViewDDP(ToyNet(), bucket_size_mb=-1)
@@ -172,3 +203,21 @@ def test_bad_arguments_and_no_group():
     for n, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(p.grad, grads[n], rtol=0, atol=0)
+
+
+def test_single_rank_proxy_runs_the_wrapper_in_a_group_of_one():
+    """World size 1 (the one-GPU proxy; here gloo): the experiment makes a group of one, so the hooks
+    and all-reduces run as on several ranks; without the proxy flag one rank is refused."""
+    import torch.distributed as dist
+    from conftest import run_experiment
+
+    from cs336sys.distributed.experiments import run_ddp_step_point
+    from cs336sys.jobs import Unsupported
+
+    point = dict(size="tiny", variant="bucket_view", bucket_size_mb=0.01, context_length=16, batch_size=2, warmup=1,
+                 steps=2, series="host")
+    m = run_experiment(run_ddp_step_point, **point, single_rank_proxy=True)
+    assert m["world_size"] == 1 and m["backend"] == "gloo" and not dist.is_initialized()
+    assert m["all_reduces_per_step"] == m["launched_in_backward"] > 1
+    with pytest.raises(Unsupported, match="at least 2 ranks"):
+        run_experiment(run_ddp_step_point, **point)
