@@ -221,3 +221,20 @@ def test_single_rank_proxy_runs_the_wrapper_in_a_group_of_one():
     assert m["all_reduces_per_step"] == m["launched_in_backward"] > 1
     with pytest.raises(Unsupported, match="at least 2 ranks"):
         run_experiment(run_ddp_step_point, **point)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant, mb", [("bucket_view", 0.0), ("bucket_view", 25.0), ("overlap", None),
+                                         ("torch_ddp", 25.0)])
+def test_single_rank_proxy_on_nccl(variant, mb):
+    """The one-GPU proxy as the overlay's jobs run it: NCCL in a group of one, every wrapper."""
+    from conftest import run_experiment
+
+    from cs336sys.distributed.experiments import run_ddp_step_point
+
+    m = run_experiment(run_ddp_step_point, "cuda", size="tiny", variant=variant, bucket_size_mb=mb,
+                       context_length=32, batch_size=2, warmup=1, steps=2, series="host", single_rank_proxy=True)
+    assert m["world_size"] == 1 and m["backend"] == "nccl"
+    if variant != "torch_ddp":
+        assert m["all_reduces_per_step"] == m["launched_in_backward"] > 0
