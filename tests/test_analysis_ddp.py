@@ -583,3 +583,40 @@ def test_gloo_points_from_the_gpu_host_name_that_host(gpu_section):
     results = [p for p in inputs(root) if p.suffix == ".json"]
     assert g["host_gpus"] == "NVIDIA H200" and g["points"] == 3 * 4
     assert ctx["env"]["points"] == len(results) - g["points"]
+
+
+def _host_step(root: Path, job: str, variant: str, bucket: float | None, mean: float, proxy: bool, world: int):
+    name = variant + (f"-{bucket:g}MB" if bucket is not None else "")
+    calls = 3 if variant == "bucket_view" else None
+    metrics = {"mean_ms": mean, "std_ms": 1.0, "median_ms": mean, "step_ms": [mean - 1, mean + 1] * 2,
+               "sync_wait_ms": 0.5, "grad_bytes": 6_000_000_000, "parameters": 1_500_000_000,
+               "all_reduces_per_step": calls, "launched_in_backward": calls, "world_size": world}
+    _write(root / "results" / "ddp_step" / job / f"{name}.json", "ddp_step",
+           {"size": "2.7B", "variant": variant, "bucket_size_mb": bucket, "context_length": 512, "batch_size": 4,
+            "dtype": "bf16", "warmup": 2, "steps": 4, "device": "cuda", "series": "host",
+            "single_rank_proxy": proxy}, metrics, H200_ENV)
+
+
+def test_host_series_jobs_show_apart_and_leave_the_grids_reading_unchanged(tmp_path):
+    """Issue 24's jobs (series "host", same size and dtype as a grid job): a table per job, 2 ranks and
+    the single-rank proxy apart; the grid's jobs, targets and trace comparison read as without them."""
+    plain, with_host = tmp_path / "plain", tmp_path / "host"
+    for root in (plain, with_host):
+        gpu_grid(root)
+    for proxy, world in ((False, 2), (True, 1)):
+        job = "host-2.7B-bf16-" + ("proxy1" if proxy else "ws2")
+        for variant, bucket, mean in (("none", None, 100.0), ("bucket_view", 0.0, 150.0),
+                                      ("bucket_view", 25.0, 120.0), ("torch_ddp", 25.0, 110.0)):
+            _host_step(with_host, job, variant, bucket, mean, proxy, world)
+    a, _ = build(plain / "s", inputs(plain))
+    b, _ = build(with_host / "s", inputs(with_host))
+    assert "ddp_host_jobs" not in a
+    for key in ("ddp_jobs", "ddp_targets", "trace_vs_bench", "summary"):
+        assert b[key] == a[key], key
+    assert [(j["size"], j["dtype"], j["proxy"], j["world_size"]) for j in b["ddp_host_jobs"]] == [
+        ("2.7B", "bf16", False, 2), ("2.7B", "bf16", True, 1)]
+    text = render(b, tmp_path / "report")
+    assert "Gradients as bucket views, and single-rank proxies" in text
+    assert "single-rank proxy (1 GPU)" in text and "bucket views, 0 MiB (one per tensor)" in text
+    assert "1.091 ± 0.007" in text  # bucket views at 25 MiB over PyTorch DDP's, same job: 120 / 110
+    assert "Gradients as bucket views" not in render(a, tmp_path / "plain_report")

@@ -16,12 +16,14 @@ for backend, device, worlds in (("nccl", "cuda", AR["nccl_world_sizes"]), ("gloo
                        gpus=world if device == "cuda" else 0, ranks=world)
 
 
-def ddp_points(size, dtype):
-    variants = [(v, None) for v in DDP["variants"]]
-    variants += [("bucketed", float(b)) for b in DDP["bucket_sizes_mb"]]
-    variants += [("torch_ddp", float(b)) for b in DDP["torch_ddp_bucket_sizes_mb"]]
+def ddp_points(size, dtype, grid=DDP, view_sizes=(), **extra):
+    variants = [(v, None) for v in grid["variants"]]
+    variants += [("bucketed", float(b)) for b in grid["bucket_sizes_mb"]]
+    variants += [("bucket_view", float(b)) for b in view_sizes]
+    variants += [("torch_ddp", float(b)) for b in grid["torch_ddp_bucket_sizes_mb"]]
     return [dict(size=size, variant=v, bucket_size_mb=b, context_length=DDP["context_length"],
-                 batch_size=DDP["batch_size"], dtype=dtype, warmup=DDP["warmup"], steps=DDP["steps"], device=DEVICE)
+                 batch_size=DDP["batch_size"], dtype=dtype, warmup=DDP["warmup"], steps=DDP["steps"], device=DEVICE,
+                 **extra)
             for v, b in variants]
 
 
@@ -36,6 +38,22 @@ for size in DDP["sizes"]:
                        [f"results/ddp_step/{size}-{dtype}/{ddp_name(p)}.json" for p in points],
                        gpus=DDP["world_size"])
 
+# Issue 24: the gradient-as-bucket-view wrapper (bucket_view) beside ours and PyTorch's, each (size,
+# dtype, world size) a job of its own with its own baselines (series "host": the section shows them
+# apart from the grid's jobs, and their time is not the grid's). World size 1: single-rank proxies,
+# one GPU in a process group of one: every hook, bucket and all-reduce launch, no transfer.
+HOST = DDP["host"]
+HOST_TIMINGS = []
+for size in HOST["sizes"]:
+    for dtype in HOST["dtypes"]:
+        for world in HOST["world_sizes"]:
+            points = ddp_points(size, dtype, HOST, HOST["view_bucket_sizes_mb"], series="host",
+                                single_rank_proxy=world == 1)
+            job = f"host-{size}-{dtype}-" + ("proxy1" if world == 1 else f"ws{world}")
+            experiment_job("ddp_step", job, points, [f"results/ddp_step/{job}/{ddp_name(p)}.json" for p in points],
+                           gpus=world)
+            HOST_TIMINGS.append(f"benchmarks/ddp_step/{job}.tsv")
+
 TRACE = DDP["trace"]
 TRACE_POINTS = [dict(size=TRACE["size"], variant=v, dtype=TRACE["dtype"], context_length=DDP["context_length"],
                      batch_size=DDP["batch_size"], device=DEVICE,
@@ -47,6 +65,6 @@ experiment_job("ddp_trace", "", TRACE_POINTS, [f"results/ddp_trace/{ddp_name(p)}
 section(
     "ddp",
     results_of("allreduce", "ddp_step", "ddp_trace")
-    # each job's wall time: the grid's machine time
-    + timings_of("allreduce", "ddp_step", "ddp_trace"),
+    # each job's wall time: the grid's machine time (the host series' jobs are not the grid's)
+    + [t for t in timings_of("allreduce", "ddp_step", "ddp_trace") if t not in HOST_TIMINGS],
 )

@@ -39,9 +39,12 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     if not frame.empty:
         ar = allreduce(frame[frame.problem == "allreduce"], out)
         ctx.update(ar)
-        ctx.update(ddp_steps.jobs(frame[frame.problem == "ddp_step"], out, ar.get("allreduce_fits")))
+        steps = frame[frame.problem == "ddp_step"]
+        host = ddp_steps.is_host(steps)  # issue 24's jobs: shown apart, never mixed into the grid's
+        ctx.update(ddp_steps.jobs(steps[~host], out, ar.get("allreduce_fits")))
+        ctx.update(ddp_steps.host_jobs(steps[host], out))
         ctx.update(trace(frame[frame.problem == "ddp_trace"], out))
-        ctx.update(trace_against_benchmark(ctx, frame, out))
+        ctx.update(trace_against_benchmark(ctx, frame.drop(index=steps.index[host]), out))
     walls = grid_time([p for p in paths if p.suffix == ".tsv"])
     if walls:
         ctx["grid_time"] = walls

@@ -1,6 +1,7 @@
 """The DDP step benchmarks of the ddp section (problems 14, 15, 17a, 19): per (size, dtype) job, every
 variant against the no-communication step and PyTorch's DDP of the same job, the targets, the bucket
-sweep's figure and the overhead model fitted to it (`cs336sys.analysis.ddp_model`)."""
+sweep's figure and the overhead model fitted to it (`cs336sys.analysis.ddp_model`); and, apart, the
+jobs of series "host" (issue 24: gradients as bucket views, single-rank proxies; `host_jobs`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ MIB = 2**20
 TORCH_DDP_DEFAULT_MB = 25.0
 TARGETS = {"bucketed_vs_torch": 1.02, "overlap_vs_torch": 1.10}
 FIT_R2_GOOD = 0.9  # below this (or with no spare degree of freedom) the report calls the fit poor
-VARIANT_ORDER = ["none", "naive", "flat", "overlap", "bucketed", "torch_ddp"]
+VARIANT_ORDER = ["none", "naive", "flat", "overlap", "bucketed", "bucket_view", "torch_ddp"]
+HOST_SERIES = "host"  # DDPStepSettings.series of issue 24's jobs, each with baselines of its own
 DTYPE_ORDER = ["fp32", "bf16"]
 LINE_STYLE = {"none": ("black", ":"), "naive": ("C3", "--"), "flat": ("C2", "--"), "overlap": ("C4", "-."),
               "torch_ddp": ("C1", "-")}
@@ -42,6 +44,8 @@ def variant_label(variant: str, bucket_mb: float | None) -> str:
         return "none (no communication)"
     if variant == "bucketed":
         return f"bucketed, {bucket_mb:g} MiB"
+    if variant == "bucket_view":
+        return f"bucket views, {bucket_mb:g} MiB" + (" (one per tensor)" if bucket_mb == 0 else "")
     if variant == "torch_ddp":
         b = TORCH_DDP_DEFAULT_MB if bucket_mb is None else bucket_mb
         return f"PyTorch DDP, {b:g} MiB" + (" (default)" if b == TORCH_DDP_DEFAULT_MB else "")
@@ -261,6 +265,47 @@ def answers(by: dict) -> dict:
         if rivals:
             a["buckets"]["as_expected"] = bool(means[best] <= min(rivals))
     return a
+
+
+def is_host(df: pd.DataFrame) -> pd.Series:
+    """Which rows belong to the series "host" (their own jobs; kept out of `jobs`)."""
+    if "series" not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df["series"] == HOST_SERIES
+
+
+def host_jobs(df: pd.DataFrame, out: Path) -> dict:
+    """Each "host" job (size, dtype, and 2 ranks or a single-rank proxy): every variant's step against
+    PyTorch DDP's at its default bucket size and against `none`, all of the same job."""
+    if df.empty:
+        return {}
+    proxy = df["single_rank_proxy"].fillna(False).astype(bool) if "single_rank_proxy" in df else False
+    df = df.assign(_proxy=proxy)
+    result = []
+    for (size, dtype, is_proxy), g in df.groupby(["size", "dtype", "_proxy"], sort=True):
+        points = [_point(r) for _, r in g.iterrows()]
+        points.sort(key=lambda p: (VARIANT_ORDER.index(p["variant"]) if p["variant"] in VARIANT_ORDER else 99,
+                                   p["bucket_mb"] or 0.0))
+        by = {p["key"]: p for p in points if p["status"] == "ok"}
+        default, none = by.get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB)), by.get("none")
+        rows = []
+        for p in points:
+            if p["status"] != "ok":
+                rows.append({"variant": p["label"], "step (ms)": p["status"]})
+                continue
+            r, se = _ratio(p, default) if p["variant"] != "torch_ddp" else (None, None)
+            calls = "" if p.get("all_reduces") is None else (
+                f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
+            rows.append({"variant": p["label"], "step (ms)": f"{p['mean_ms']:.1f} ± {p['std_ms']:.1f}",
+                         "× DDP default": "" if r is None else f"{r:.3f} ± {se:.3f}",
+                         "− none (ms)": "" if none is None or p is none else f"{p['mean_ms'] - none['mean_ms']:.1f}",
+                         "wait (ms)": _cell(p, "sync_wait_ms", 1), "all-reduces (in bwd)": calls})
+        ok = g[g.status == "ok"]
+        world = int(ok["world_size"].iloc[0]) if not ok.empty else (1 if is_proxy else None)
+        name = f"ddp_host_{size}_{dtype}_" + ("proxy1" if is_proxy else f"ws{world}")
+        result.append({"size": size, "dtype": dtype, "proxy": bool(is_proxy), "world_size": world,
+                       "table": save_table(pd.DataFrame(rows), out, name, digits=2)})
+    return {"ddp_host_jobs": result}
 
 
 def bucket_model(by: dict, grad_bytes: int, allreduce_fit: dict | None) -> dict | None:

@@ -2,6 +2,7 @@
 
     run_allreduce_point   all-reduce of one fp32 size: per-call times, algorithm and bus bandwidth
     run_ddp_step_point    one DDP variant's training step of a model: step time, exposed communication
+                          (or, `single_rank_proxy`, the same step on a one-rank group: the host's share)
     run_ddp_trace_point   one profiled step of a variant: a per-stream timeline summary (overlap, seen)
 
 All ranks of a job run each point together (the runner starts them with torchrun). A DDP job's
@@ -11,6 +12,7 @@ points share one model size and precision, so the variants, the no-communication
 
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 import subprocess
@@ -23,11 +25,13 @@ from torch import nn
 
 from cs336sys.distributed.allreduce import algorithm_bandwidth, bus_bandwidth, max_across_ranks, time_all_reduce
 from cs336sys.distributed.ddp import VARIANTS, build_ddp
+from cs336sys.distributed.ddp_views import BucketViewDDP
 from cs336sys.jobs import Run, Unsupported
 from cs336sys.timing import summarize_ms, synchronize
 from cs336sys.training.step import Step, StepSpec, build_step
 
 BASELINES = ("none", "torch_ddp")  # local training without communication; PyTorch's own DDP
+VIEW_VARIANTS = ("bucket_view",)  # cs336sys.distributed.ddp_views (issue 24)
 TORCH_DDP_DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb default
 
 
@@ -76,14 +80,21 @@ def run_allreduce_point(settings: AllReduceSettings, run: Run) -> dict:
 @dataclass(frozen=True)
 class DDPStepSettings:
     size: str
-    variant: str  # none | naive | flat | overlap | bucketed | torch_ddp
-    bucket_size_mb: float | None = None  # bucketed and torch_ddp (None: PyTorch's default)
+    variant: str  # none | naive | flat | overlap | bucketed | bucket_view | torch_ddp
+    bucket_size_mb: float | None = None  # bucketed, bucket_view and torch_ddp (None: PyTorch's default)
     context_length: int = 512
     batch_size: int = 4  # per rank
     dtype: str = "fp32"  # autocast dtype; parameters and gradients are fp32
     warmup: int = 2
     steps: int = 10
     device: str = "cuda"
+    # A series of jobs with baselines of their own ("host": issue 24's bucket_view jobs), which the
+    # workflow keeps out of the ddp section's per-(size, dtype) comparison; None: the DDP grid's jobs.
+    series: str | None = None
+    # True: run on ONE rank, in a process group of one (NCCL on a GPU): every hook, bucket and
+    # all-reduce launch of the wrapper, no transfer. A proxy of the wrapper's host overhead, not a
+    # data-parallel measurement; False: at least 2 ranks.
+    single_rank_proxy: bool = False
 
 
 def _wrap(settings: DDPStepSettings, run: Run):
@@ -95,8 +106,12 @@ def _wrap(settings: DDPStepSettings, run: Run):
         bucket = settings.bucket_size_mb or TORCH_DDP_DEFAULT_BUCKET_MB
         ids = [run.local_rank] if run.is_cuda else None
         return lambda m: nn.parallel.DistributedDataParallel(m, device_ids=ids, bucket_cap_mb=bucket)
+    if variant == "bucket_view":
+        if settings.bucket_size_mb is None:
+            raise ValueError("the bucket_view variant needs bucket_size_mb")
+        return lambda m: BucketViewDDP(m, settings.bucket_size_mb)
     if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(BASELINES + VARIANTS)}")
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(BASELINES + VARIANTS + VIEW_VARIANTS)}")
     return lambda m: build_ddp(variant, m, settings.bucket_size_mb)
 
 
@@ -111,13 +126,35 @@ def gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+@contextlib.contextmanager
+def one_rank_group(run: Run):
+    """A process group of this process alone (NCCL on a GPU, gloo on the CPU), for the single-rank
+    proxy: the job runner makes none for one rank."""
+    if run.world_size != 1 or dist.is_initialized():
+        raise Unsupported("a single-rank proxy runs in a job of one rank (register the job with ranks 1)")
+    backend = "nccl" if run.is_cuda else "gloo"
+    kwargs = {"device_id": torch.device(run.device)} if run.is_cuda else {}
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 def run_ddp_step_point(settings: DDPStepSettings, run: Run) -> dict:
     """Step time (host clock, device synchronised after each step, as in the benchmarking script),
     and the exposed communication: on the compute stream, the time from the end of backward to the
     end of `finish_gradient_synchronization()` (CUDA events; it waits for the all-reduces that
     have not finished). PyTorch's DDP waits inside backward, so for it (and for every variant) the
     analysis also compares the step with the `none` baseline of the same job."""
+    if settings.single_rank_proxy:
+        with one_rank_group(run):
+            return {**_ddp_step(settings, run), "backend": dist.get_backend()}
     _require_group(run)
+    return _ddp_step(settings, run)
+
+
+def _ddp_step(settings: DDPStepSettings, run: Run) -> dict:
     step = build_ddp_step(settings, run)
     on_cuda = run.is_cuda
     step_ms, wait_ms = [], []
