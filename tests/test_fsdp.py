@@ -87,8 +87,8 @@ class ToyNet(nn.Module):
 
 def _build(name: str, seed: int) -> tuple[nn.Module, int]:
     torch.manual_seed(seed)
-    if name == "tiny":
-        return build_model("tiny", SEQ), 10_000
+    if name in ("tiny", "tiny2"):
+        return build_model(name, SEQ), 10_000
     return ToyNet(), TOY_VOCAB
 
 
@@ -112,10 +112,10 @@ def _grad_error(fsdp: FSDP, reference: nn.Module, rank: int) -> float:
 
 
 def _train_against_reference(rank: int, world: int, model_name: str, compute_dtype: torch.dtype | None,
-                             seed: int) -> dict:
+                             seed: int, unit: str | int = "layer") -> dict:
     reference, vocab = _build(model_name, seed)  # rank 0's initial model
     model, _ = _build(model_name, seed + rank)  # differs between ranks: FSDP broadcasts rank 0's
-    fsdp = FSDP(model, compute_dtype=compute_dtype)
+    fsdp = FSDP(model, compute_dtype=compute_dtype, unit=unit)
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
     gathered = fsdp.gather_full_params()
     result = {"initial_err": max((gathered[n] - p).abs().max().item() for n, p in initial.items())}
