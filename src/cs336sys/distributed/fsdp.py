@@ -314,7 +314,7 @@ class FSDP(nn.Module):
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for every reduction; leave averaged fp32 gradients on the shards and replicated params."""
-        self._reductions.finish()
+        self._reductions.finish(key=lambda r: r.unit.index)  # by unit, as the per-layer FSDP always has
         for unit in self.units:
             self._drop_gathers(unit)
         with torch.no_grad():

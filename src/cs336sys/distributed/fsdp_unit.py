@@ -31,6 +31,7 @@ ones (wait, then set or accumulate `shard.grad` in fp32), so full-size gradient 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,7 +246,10 @@ class ReductionQueue:
         while len(self._queue) > MAX_REDUCTIONS_IN_FLIGHT:
             self._retire_oldest()
 
-    def finish(self) -> None:
+    def finish(self, key: Callable[[Reduction], Any] | None = None) -> None:
+        """Retire every reduction: oldest first, or in the order of `key`."""
+        if key is not None:
+            self._queue.sort(key=key)
         while self._queue:
             self._retire_oldest()
 
