@@ -66,7 +66,7 @@ from torch import Tensor, nn
 
 from cs336sys.distributed import process_group
 from cs336sys.distributed.ddp_base import weak_hook
-from cs336sys.distributed.fsdp_unit import FlatUnit, ReductionQueue, UnitParameter, is_shardable_layer
+from cs336sys.distributed.fsdp_unit import FlatUnit, ReductionQueue, UnitParameter, is_shardable_layer, parameters_of
 
 FLAT_SHARD_NAME = "flat_shard"
 Unit = str | int  # "layer", "block" or a number of blocks per unit
@@ -138,14 +138,12 @@ class FSDP(nn.Module):
         self.world_size = process_group.world_size()
         self.original_names = [name for name, _ in module.named_parameters()]
 
-        tied = _owned_elsewhere(module)
+        tied = frozenset(_owned_elsewhere(module))
         self.units: list[FlatUnit] = []
-        self._hooked: list[list[tuple[str, nn.Module]]] = []  # each unit's modules
+        self._unit_groups: list[list[tuple[str, nn.Module]]] = []  # each unit's (path, module)s
         self._saving: dict[int, Any] = {}  # unit index -> its saved-tensor hooks, while its forward runs
         for group in unit_modules(module, unit):
-            params = [UnitParameter(f"{path}.{name}" if path else name, m.get_submodule(name.rpartition(".")[0]),
-                                    name.rpartition(".")[2])
-                      for path, m in group for name, p in m.named_parameters() if id(p) not in tied]
+            params = [p for path, m in group for p in parameters_of(path, m, skip=tied)]
             if params:
                 self._add_unit(group, params, reduce_dtype)
         sharded = {id(u.shard) for u in self.units}
@@ -173,7 +171,7 @@ class FSDP(nn.Module):
             del p.owner._parameters[p.attr]
         group[0][1].register_parameter(FLAT_SHARD_NAME, unit.shard)
         self.units.append(unit)
-        self._hooked.append(group)
+        self._unit_groups.append(group)
         group[0][1].register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
         group[-1][1].register_forward_hook(self._make_post_hook(unit), always_call=True)
 
@@ -188,7 +186,7 @@ class FSDP(nn.Module):
 
     def unit_paths(self) -> list[list[str]]:
         """The module paths of each unit (one for a layer or a block, k for k blocks)."""
-        return [[path for path, _ in group] for group in self._hooked]
+        return [[path for path, _ in group] for group in self._unit_groups]
 
     @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from cs336sys.distributed import process_group
-from cs336sys.distributed.fsdp_unit import FlatUnit, ReductionQueue, UnitParameter
+from cs336sys.distributed.fsdp_unit import FlatUnit, ReductionQueue, parameters_of
 
 
 def leaderboard_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -69,14 +69,6 @@ def leaderboard_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     head = nn.ModuleDict({"ln_final": model.ln_final, "lm_head": model.lm_head})
     return ([("token_embeddings", model.token_embeddings)]
             + [(f"layers.{i}", block) for i, block in enumerate(model.layers)] + [("", head)])
-
-
-def _unit_parameters(prefix: str, module: nn.Module) -> list[UnitParameter]:
-    out = []
-    for name, _ in module.named_parameters():
-        owner, _, attr = name.rpartition(".")
-        out.append(UnitParameter(f"{prefix}.{name}" if prefix else name, module.get_submodule(owner), attr))
-    return out
 
 
 @dataclass
@@ -103,7 +95,7 @@ class BlockFSDP:
         self.units: list[FlatUnit] = []
         self._fn_names = [[name for name, _ in module.named_parameters()] for _, module in units]  # as fn sees them
         for prefix, module in units:
-            params = _unit_parameters(prefix, module)
+            params = parameters_of(prefix, module)
             unit = FlatUnit(len(self.units), params, self, self.rank, self.world_size, self.device, compute_dtype,
                             keep_lowp=True, reduce_dtype=reduce_dtype, reduce_op="avg")
             for p in params:  # free the full-size originals

@@ -64,6 +64,17 @@ class UnitParameter:
     attr: str
 
 
+def parameters_of(prefix: str, module: nn.Module, skip: frozenset[int] = frozenset()) -> list[UnitParameter]:
+    """`module`'s parameters (registration order, those whose id is in `skip` left out), named in
+    the model as `prefix` + their name in `module`."""
+    out = []
+    for name, p in module.named_parameters():
+        if id(p) not in skip:
+            owner, _, attr = name.rpartition(".")
+            out.append(UnitParameter(f"{prefix}.{name}" if prefix else name, module.get_submodule(owner), attr))
+    return out
+
+
 @dataclass(frozen=True)
 class _SavedView:
     """What autograd keeps instead of a large view of a gathered buffer: enough to rebuild it."""
