@@ -1,6 +1,6 @@
 """One FSDP unit: a group of parameters held as one flat fp32 shard, gathered whole before use and
-its gradient reduce-scattered whole after. The only sharding, gather and reduce-scatter code of
-the project: `cs336sys.distributed.fsdp` (module hooks, units of a layer or of k blocks) and
+its gradient reduce-scattered whole after: FSDP's sharding, gathers and reduce-scatters, written
+once. `cs336sys.distributed.fsdp` (module hooks, units of a layer or of k blocks) and
 `cs336sys.distributed.fsdp_blocks` (units run explicitly, for the leaderboard step) decide when.
 
 Layout. The unit's parameters (in the order given) are flattened and concatenated into n
