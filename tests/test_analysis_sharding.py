@@ -198,17 +198,24 @@ def sharding_point(root: Path, size: str, variant: str, mean: float, acts: float
     return readings
 
 
-def fsdp_point(root: Path, size: str, variant: str, dtype: str, mean: float, peak: float, status: str = "ok"):
+def fsdp_point(root: Path, size: str, variant: str, dtype: str, mean: float, peak: float, status: str = "ok",
+               **extra):
+    """A point as the committed results are (no unit setting), or with `extra` settings (unit, proxy)."""
     params, state = predicted("parameter", "fsdp", size), predicted("optimizer_state", "fsdp", size)
+    world = 1 if extra.get("single_rank_proxy") else 2
     metrics = {} if status != "ok" else {
         "mean_ms": mean, "std_ms": 3.0, "median_ms": mean, "step_ms": [mean - 3, mean + 3],
         "after_init_allocated_bytes": params, "peak_bytes": peak, "sharded_param_bytes": params,
-        "optimizer_state_bytes": state, "parameters": predicted("parameter", "ddp", size) // 4, "world_size": 2,
+        "optimizer_state_bytes": state, "parameters": predicted("parameter", "ddp", size) // 4, "world_size": world,
         "ranks": [{"mean_ms": mean, "peak_bytes": peak, "sharded_param_bytes": params,
-                   "optimizer_state_bytes": state}] * 2}
-    write(root / "results" / "fsdp_step" / size / f"{variant}-{dtype}.json", "fsdp_step",
+                   "optimizer_state_bytes": state}] * world}
+    if variant == "ours" and extra:
+        metrics["fsdp_units"] = {"layer": 98, "block": 50}[extra["unit"]]
+    stem = "-".join([("proxy-" if extra.get("single_rank_proxy") else "") + variant, dtype]
+                    + ([str(extra["unit"])] if "unit" in extra else []))
+    write(root / "results" / "fsdp_step" / size / f"{stem}.json", "fsdp_step",
           {"size": size, "variant": variant, "compute_dtype": dtype, "context_length": 512, "batch_size": 4,
-           "warmup": 2, "steps": 6, "device": "cuda"}, metrics, status)
+           "warmup": 2, "steps": 6, "device": "cuda", **extra}, metrics, status)
 
 
 def _kernel(name: str, corr: int, stream: int, launch: float, start: float, dur: float) -> list[dict]:
@@ -332,6 +339,48 @@ def test_gpu_targets_meet_miss_and_are_not_measured(gpu_section):
     assert base["above_state"] == pytest.approx(base["peak"] - pred["unsharded_model_state"])
     for s in xl["measured_savings"]:
         assert s["above_state"] == pytest.approx(s["peak"] - pred["model_state"])
+
+
+@pytest.fixture(scope="module")
+def units_section(tmp_path_factory):
+    """xl at bf16: ours per layer (a committed point, no unit setting), ours per block, FSDP2; and
+    the single-rank proxy per layer and per block."""
+    root = tmp_path_factory.mktemp("units")
+    fsdp_point(root, "xl", "ours", "bf16", 690.0, 30e9)
+    fsdp_point(root, "xl", "fsdp2", "bf16", 600.0, 29e9)
+    fsdp_point(root, "xl", "ours", "bf16", 630.0, 29e9, unit="block")
+    fsdp_point(root, "xl", "ours", "bf16", 800.0, 40e9, unit="layer", single_rank_proxy=True)
+    fsdp_point(root, "xl", "ours", "bf16", 700.0, 40e9, unit="block", single_rank_proxy=True)
+    return build(root, inputs(root))
+
+
+def test_block_units_beside_per_layer_and_the_proxy_apart(units_section, tmp_path):
+    ctx, _ = units_section
+    [xl] = ctx["fsdp"]
+    assert xl["world"] == 2, "the proxy's points are not part of the two-rank comparison"
+    per = xl["dtypes"]["bf16"]
+    assert list(per["variants"]) == ["ours", "ours-block", "fsdp2"]
+    assert per["ours_vs_fsdp2"] == pytest.approx(690 / 600)
+    assert per["units_vs_fsdp2"] == {"block units": pytest.approx(630 / 600)}
+    assert "| bf16 | ours, block units | 630.00 |" in xl["tables"]["time_memory"]
+    [target] = [t for t in ctx["targets"] if t["target"] == "fsdp_vs_fsdp2_bf16"]
+    assert target["value"] == pytest.approx(630 / 600) and target["ok"] and "block units" in target["what"]
+    table = ctx["fsdp_proxy"]["table"]
+    assert "| xl | bf16 | layer | 98 | 800.00 |" in table and "| xl | bf16 | block | 50 | 700.00 |" in table
+    text = render(ctx, tmp_path)
+    assert "With bf16 compute and block units, ours takes 1.05× FSDP2's step time." in text
+    assert "A proxy on one rank." in text and "not a distributed result" in text
+
+
+def test_the_proxy_runs_on_one_cpu_rank():
+    """The single-rank proxy point, run as a one-GPU job runs it (no process group), on the CPU."""
+    from cs336sys.distributed.sharding_experiments import FSDPSettings, run_fsdp_step_point
+    from cs336sys.jobs import Run
+
+    settings = FSDPSettings(size="tiny", variant="ours", compute_dtype="fp32", unit="block", single_rank_proxy=True,
+                            context_length=16, batch_size=2, warmup=1, steps=2, device="cpu")
+    r = run_fsdp_step_point(settings, Run(device="cpu"))
+    assert r["world_size"] == 1 and r["fsdp_units"] == 2 + 2 and len(r["step_ms"]) == 2  # tiny: 2 blocks
 
 
 def test_failed_points_show_their_status(gpu_section):

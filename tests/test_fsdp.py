@@ -87,8 +87,8 @@ class ToyNet(nn.Module):
 
 def _build(name: str, seed: int) -> tuple[nn.Module, int]:
     torch.manual_seed(seed)
-    if name == "tiny":
-        return build_model("tiny", SEQ), 10_000
+    if name in ("tiny", "tiny2"):
+        return build_model(name, SEQ), 10_000
     return ToyNet(), TOY_VOCAB
 
 
@@ -99,14 +99,12 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 def _grad_error(fsdp: FSDP, reference: nn.Module, rank: int) -> float:
     """Largest difference between this rank's gradients (shards and replicated parameters) and the
     matching part of the reference's, relative to the largest reference gradient of the tensor."""
-    modules = dict(reference.named_modules())
-    pairs = []
-    for layer in fsdp.layers:
-        m = modules[layer.path]
-        flat = torch.cat([getattr(m, name).grad.reshape(-1) for name in layer.param_names])
-        flat = F.pad(flat, (0, layer.padded_numel - layer.numel))
-        pairs.append((layer.shard.grad, flat[rank * layer.shard_numel:(rank + 1) * layer.shard_numel]))
     reference_params = dict(reference.named_parameters())
+    pairs = []
+    for unit in fsdp.units:
+        flat = torch.cat([reference_params[name].grad.reshape(-1) for name in unit.names])
+        flat = F.pad(flat, (0, unit.padded_numel - unit.numel))
+        pairs.append((unit.shard.grad, flat[rank * unit.shard_numel:(rank + 1) * unit.shard_numel]))
     replicated = {id(p) for p in fsdp.replicated_parameters()}
     pairs += [(p.grad, reference_params[name].grad) for name, p in fsdp.module.named_parameters()
               if id(p) in replicated]
@@ -114,10 +112,10 @@ def _grad_error(fsdp: FSDP, reference: nn.Module, rank: int) -> float:
 
 
 def _train_against_reference(rank: int, world: int, model_name: str, compute_dtype: torch.dtype | None,
-                             seed: int) -> dict:
+                             seed: int, unit: str | int = "layer") -> dict:
     reference, vocab = _build(model_name, seed)  # rank 0's initial model
     model, _ = _build(model_name, seed + rank)  # differs between ranks: FSDP broadcasts rank 0's
-    fsdp = FSDP(model, compute_dtype=compute_dtype)
+    fsdp = FSDP(model, compute_dtype=compute_dtype, unit=unit)
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
     gathered = fsdp.gather_full_params()
     result = {"initial_err": max((gathered[n] - p).abs().max().item() for n, p in initial.items())}
@@ -159,8 +157,9 @@ def _train_against_reference(rank: int, world: int, model_name: str, compute_dty
                                                    torch.cat([(p.detach() - initial[n]).flatten()
                                                               for n, p in reference.named_parameters()]))
     result["grad_dtypes"] = sorted({str(p.grad.dtype) for p in fsdp.parameters() if p.grad is not None})
-    result["shard_sizes"] = {layer.path: (layer.shard.numel(), layer.numel) for layer in fsdp.layers}
-    result["padded"] = sum(layer.padded_numel != layer.numel for layer in fsdp.layers)
+    result["shard_sizes"] = {",".join(paths): (unit.shard.numel(), unit.numel)
+                             for paths, unit in zip(fsdp.unit_paths(), fsdp.units, strict=True)}
+    result["padded"] = sum(unit.padded_numel != unit.numel for unit in fsdp.units)
     return result
 
 
@@ -180,23 +179,22 @@ def _trace_one_step(rank: int, world: int, seed: int) -> dict:
     fsdp = FSDP(model)
     events: list[tuple[str, str]] = []
     alive: list[weakref.ref] = []
-    for layer in fsdp.layers:
-        def start_gather(layer=layer, original=layer.start_gather):
+    for (path,), unit in zip(fsdp.unit_paths(), fsdp.units, strict=True):
+        def start_gather(unit=unit, path=path, original=unit.start_gather):
             original()
-            events.append(("gather", layer.path))
-            alive.append(weakref.ref(layer._gather[0]))
+            events.append(("gather", path))
+            alive.append(weakref.ref(unit._inflight[0]))
 
-        def reduce_scatter_grads(grads, layer=layer, original=layer.reduce_scatter_grads):
-            events.append(("reduce", layer.path))
-            original(grads)
+        def reduce_scatter(grads, path=path, original=unit.reduce_scatter):
+            events.append(("reduce", path))
+            return original(grads)
 
-        layer.start_gather = start_gather
-        layer.reduce_scatter_grads = reduce_scatter_grads
+        unit.start_gather = start_gather
+        unit.reduce_scatter = reduce_scatter
         # prepended, so they see the call before FSDP's own hooks do
-        layer.module.register_forward_pre_hook(lambda m, a, path=layer.path: events.append(("call", path)),
-                                               prepend=True)
-        layer.module.register_forward_hook(lambda m, a, o, path=layer.path: events.append(("end", path)),
-                                           prepend=True)
+        module = model.get_submodule(path)
+        module.register_forward_pre_hook(lambda m, a, path=path: events.append(("call", path)), prepend=True)
+        module.register_forward_hook(lambda m, a, o, path=path: events.append(("end", path)), prepend=True)
     gen = torch.Generator().manual_seed(seed)
     result = {}
     for _ in range(2):
@@ -212,7 +210,8 @@ def _trace_one_step(rank: int, world: int, seed: int) -> dict:
         del loss
         result["alive_after_backward"] = _count_alive(alive)
         alive.clear()
-    result["attributes_removed"] = all(not hasattr(layer.module, "weight") for layer in fsdp.layers)
+    result["attributes_removed"] = all(not hasattr(model.get_submodule(path), "weight")
+                                       for (path,) in fsdp.unit_paths())
     return result
 
 
@@ -321,7 +320,7 @@ def test_world_of_one_without_a_process_group():
     reference, vocab = _build("toy", 0)
     model, _ = _build("toy", 0)
     fsdp = adapters.get_fsdp(model)
-    assert {layer.path for layer in fsdp.layers} == {"embed", "proj", "hidden", "head"}
+    assert fsdp.unit_paths() == [["embed"], ["proj"], ["hidden"], ["head"]]
     assert [p.dim() for p in fsdp.replicated_parameters()] == [1, 1], "LayerNorm's weight and bias"
     opt_ref, opt = AdamW(reference.parameters(), lr=1e-2), AdamW(fsdp.parameters(), lr=1e-2)
     for _ in range(2):

@@ -1,6 +1,7 @@
 # Problems optimizer_state_sharding_accounting (22) and fsdp_accounting (24): memory and step time
 # of sharded optimizer state (ours and ZeroRedundancyOptimizer) and of FSDP (ours and FSDP2), each
-# job comparing its variants on the same GPUs, and one profiled FSDP step for the gather timeline.
+# job comparing its variants on the same GPUs; ours with other units of gathering, and on one GPU
+# (a proxy for its host-side overhead); one profiled FSDP step for the gather timeline.
 
 SHARD = GRID["sharding"]
 
@@ -15,6 +16,24 @@ for size in SHARD["sizes"]:
     experiment_job("fsdp_step", size, points,
                    [f"results/fsdp_step/{size}/{p['variant']}-{p['compute_dtype']}.json" for p in points],
                    gpus=SHARD["world_size"])
+
+UNITS = SHARD["fsdp_units"]
+for size in UNITS["sizes"]:
+    points = [dict(size=size, variant="ours", compute_dtype=d, unit=u, context_length=SHARD["context_length"],
+                   batch_size=SHARD["batch_size"], warmup=SHARD["warmup"], steps=SHARD["steps"], device=DEVICE)
+              for d in UNITS["compute_dtypes"] for u in UNITS["units"]]
+    experiment_job("fsdp_step", f"{size}_units", points,
+                   [f"results/fsdp_step/{size}/ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
+                   gpus=SHARD["world_size"])
+
+PROXY = SHARD["fsdp_proxy"]
+for size in PROXY["sizes"]:
+    points = [dict(size=size, variant="ours", compute_dtype=PROXY["compute_dtype"], unit=u, single_rank_proxy=True,
+                   context_length=SHARD["context_length"], batch_size=SHARD["batch_size"], warmup=SHARD["warmup"],
+                   steps=SHARD["steps"], device=DEVICE) for u in PROXY["units"]]
+    experiment_job("fsdp_step", f"{size}_proxy", points,
+                   [f"results/fsdp_step/{size}/proxy-ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
+                   gpus=1)
 
 TRACE = SHARD["trace"]
 experiment_job("fsdp_trace", "", [dict(size=TRACE["size"], variant="ours", compute_dtype=TRACE["compute_dtype"],

@@ -47,7 +47,7 @@ VARIANTS = ("unsharded", "sharded", "zero")
 VARIANT_LABEL = {"unsharded": "unsharded", "sharded": "ours (sharded)", "zero": "torch ZeRO"}  # short, for tables
 STRATEGY = {"unsharded": "ddp", "sharded": "zero1", "zero": "zero1"}  # cs336sys.accounting.memory strategies
 FSDP_VARIANTS = ("ours", "fsdp2")
-FSDP_LABEL = {"ours": "ours", "fsdp2": "FSDP2"}
+FSDP_LABEL = {"ours": "ours", "fsdp2": "FSDP2"}  # ours with other units: "ours-block", "ours-2", ...
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 POINTS = ("after init", "before step", "after step")  # the handout's three readings
 EXPERIMENT_NAMES = ("sharding_memory", "fsdp_step", "fsdp_trace")
@@ -78,8 +78,12 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     if not shard.empty:
         ctx["opt"] = [_optimizer_size(size, g, out, targets, u) for size, g in _by_size(shard)]
     fsdp = frame[frame.problem == "fsdp_step"]
+    proxy = fsdp[_is_proxy(fsdp)]
+    fsdp = fsdp.drop(index=proxy.index)
     if not fsdp.empty:
         ctx["fsdp"] = [_fsdp_size(size, g, shard, out, targets, u) for size, g in _by_size(fsdp)]
+    if not proxy.empty:
+        ctx["fsdp_proxy"] = _fsdp_proxy(proxy, out)
     trace = _trace(frame[frame.problem == "fsdp_trace"], paths, out)
     if trace:
         ctx["trace"] = trace
@@ -90,7 +94,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
          "result": f"{t['value']:.3f}× its step time", "target": f"≤ {t['limit']:.2f}×", "met": t["ok"],
          "ref": "shard-targets",
          "why": None if t["ok"] else ("it gathers layer by layer from Python hooks, FSDP2 a whole block at once"
-                                      if t["target"] != "sharded_vs_zero" else None)}
+                                      if t["target"] != "sharded_vs_zero" and "block" not in t["what"] else None)}
         for t in targets if t["target"] in ("sharded_vs_zero", "fsdp_vs_fsdp2_bf16") and t["value"] is not None]
     return ctx
 
@@ -405,9 +409,56 @@ def _baseline(size: str, shard: pd.DataFrame, batch: int | None, context: int | 
             "activations": acts / u["bytes"]}
 
 
+def _is_proxy(df: pd.DataFrame) -> pd.Series:
+    """The single-rank proxy points (results from before the setting existed are not)."""
+    if "single_rank_proxy" not in df:
+        return pd.Series(False, index=df.index)
+    return df["single_rank_proxy"].eq(True)
+
+
+def _unit_of(r: pd.Series) -> str:
+    """A point's FSDP unit: "layer" (also for results from before the setting existed), "block" or k."""
+    unit = r.get("unit")
+    return "layer" if unit is None or (isinstance(unit, float) and pd.isna(unit)) else str(unit)
+
+
+def _fsdp_variant(r: pd.Series) -> str:
+    """The variant a point stands for in the tables: ours per layer is "ours", ours per block "ours-block"."""
+    unit = _unit_of(r)
+    return r["variant"] if r["variant"] != "ours" or unit == "layer" else f"ours-{unit}"
+
+
+def _unit_phrase(v: str) -> str:
+    unit = v.removeprefix("ours-")
+    return "block units" if unit == "block" else f"{unit} blocks per unit"
+
+
+def _fsdp_label(v: str) -> str:
+    return FSDP_LABEL[v] if v in FSDP_LABEL else f"ours, {_unit_phrase(v)}"
+
+
+def _variant_order(v: str) -> tuple:
+    return (v == "fsdp2", v != "ours", v)
+
+
+def _fsdp_proxy(g: pd.DataFrame, out: Path) -> dict:
+    """Our FSDP on one rank, per size, compute dtype and unit: the step time with nothing communicated."""
+    rows = []
+    for _, r in g.sort_values(["size", "compute_dtype"]).iterrows():
+        ok = r["status"] == "ok"
+        units = _num(r.get("fsdp_units"))
+        rows.append({"size": r["size"], "compute": r["compute_dtype"], "unit": _unit_of(r),
+                     "all-gathers per forward": "" if units is None else f"{int(units)}",
+                     "step (ms)": _cell(_num(r.get("mean_ms")), 2) if ok else r["status"],
+                     "std (ms)": _cell(_num(r.get("std_ms")), 2) if ok else ""})
+    return {"table": _table(rows, out, "fsdp_single_rank_proxy"), "sizes": sorted(set(g["size"]))}
+
+
 def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targets: list[dict], u: dict) -> dict:
-    """One size's fsdp_step job: per compute dtype, ours against FSDP2 (time, memory), the accounting's
-    parameters and optimizer state next to the measured, expected and measured saving of the peak."""
+    """One size's fsdp_step job(s): per compute dtype, ours (per layer, and with other units where they
+    ran) against FSDP2 (time, memory), the accounting's parameters and optimizer state next to the
+    measured, expected and measured saving of the peak."""
+    g = g.assign(variant=[_fsdp_variant(r) for _, r in g.iterrows()])
     world = _world(g)
     batch = int(g["batch_size"].iloc[0]) if "batch_size" in g else None
     context = int(g["context_length"].iloc[0]) if "context_length" in g else None
@@ -434,7 +485,7 @@ def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targe
                           - evaluate(memory.model_activation_bytes(DTYPE_BYTES[dtype]), shape))
         expected = (state_saving + act_saving) / u["bytes"]
         per: dict = {"expected_saving": expected, "activation_saving": act_saving / u["bytes"], "variants": {}}
-        for v in sorted(d["variant"].unique(), key=lambda v: FSDP_VARIANTS.index(v) if v in FSDP_VARIANTS else 9):
+        for v in sorted(d["variant"].unique(), key=_variant_order):
             r = d[d["variant"] == v].iloc[0]
             if r["status"] != "ok":
                 per["variants"][v] = {"status": r["status"]}
@@ -451,14 +502,18 @@ def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targe
         ratio = (ours["mean_ms"] / theirs["mean_ms"] if ours.get("mean_ms") is not None and theirs.get("mean_ms")
                  else None)
         per["ours_vs_fsdp2"] = ratio
+        per["units_vs_fsdp2"] = {_unit_phrase(v): e["mean_ms"] / theirs["mean_ms"] for v, e in per["variants"].items()
+                                 if v.startswith("ours-") and e.get("mean_ms") is not None and theirs.get("mean_ms")}
         for v, e in per["variants"].items():
-            label = FSDP_LABEL.get(v, v)
+            label = _fsdp_label(v)
+            v_ratio = (e["mean_ms"] / theirs["mean_ms"] if v.startswith("ours") and e.get("mean_ms") is not None
+                       and theirs.get("mean_ms") else None)
             if e["status"] != "ok":
                 time_rows.append({"compute": dtype, "variant": label, "step (ms)": e["status"]})
                 continue
             time_rows.append({"compute": dtype, "variant": label,
                               "step (ms)": _cell(e["mean_ms"], 2), "std (ms)": _cell(e["std_ms"], 2),
-                              "ours ÷ FSDP2": _cell(ratio, 3) if v == "ours" else "",
+                              "ours ÷ FSDP2": _cell(v_ratio, 3) if v.startswith("ours") else "",
                               f"after init ({unit})": _cell(e["after_init"]), f"peak ({unit})": _cell(e["peak"]),
                               f"params ({unit})": _cell(e["params"]), f"opt. state ({unit})": _cell(e["state"])})
             saving_rows.append({"compute": dtype, "variant": label,
@@ -467,12 +522,16 @@ def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targe
                                 f"state pred. ({unit})": _cell(state_pred / u["bytes"]),
                                 f"state ({unit})": _cell(e["state"]),
                                 f"saving exp. ({unit})": _cell(expected), f"saving ({unit})": _cell(e["saving"])})
-        if dtype == "bf16":
+        if dtype == "bf16":  # the target: our best unit (per layer where no other ran)
             limit = TARGETS["fsdp_vs_fsdp2_bf16"]
-            targets.append(_target("fsdp_vs_fsdp2_bf16", size, "step time at bf16 compute, ours ÷ FSDP2", ratio, limit,
-                                   None if ratio is None else bool(ratio <= limit)))
+            best, what = ratio, "step time at bf16 compute, ours ÷ FSDP2"
+            for phrase, r in per["units_vs_fsdp2"].items():
+                if best is None or r < best:
+                    best, what = r, f"step time at bf16 compute, ours with {phrase} ÷ FSDP2"
+            targets.append(_target("fsdp_vs_fsdp2_bf16", size, what, best, limit,
+                                   None if best is None else bool(best <= limit)))
         info["dtypes"][dtype] = per
-        info["measured_savings"] += [{"variant": FSDP_LABEL.get(v, v), "dtype": dtype, "peak": e["peak"],
+        info["measured_savings"] += [{"variant": _fsdp_label(v), "dtype": dtype, "peak": e["peak"],
                                       "saving": e["saving"], "share": e["saving_over_expected"]}
                                      for v, e in per["variants"].items() if e.get("saving") is not None]
     info["short_of_expected"] = any(s["share"] is not None and s["share"] < 1 for s in info["measured_savings"])

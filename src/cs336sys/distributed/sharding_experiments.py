@@ -3,7 +3,9 @@
     run_sharding_memory_point   optimizer state sharded or not (and ZeroRedundancyOptimizer): memory
                                 after init, before and after the optimizer step, by what holds it;
                                 step time
-    run_fsdp_step_point         our FSDP against PyTorch's FSDP2 (`fully_shard`): step time, memory
+    run_fsdp_step_point         our FSDP (per-layer or per-block units) against PyTorch's FSDP2
+                                (`fully_shard`): step time, memory; or ours alone on one rank, a proxy
+                                for its host-side overhead
     run_fsdp_trace_point        one profiled FSDP step: do the all-gathers finish before their layer?
 
 Points of one job share a model size, so the variants are compared within one job on the same GPUs.
@@ -89,6 +91,8 @@ def _time_steps(step: Step, warmup: int, steps: int, device: str) -> list[float]
 
 
 def _gather_per_rank(run: Run, values: dict) -> list[dict]:
+    if run.world_size == 1:
+        return [values]
     per_rank = [None] * run.world_size
     dist.all_gather_object(per_rank, values)
     return per_rank
@@ -158,9 +162,16 @@ def run_sharding_memory_point(settings: ShardingSettings, run: Run) -> dict:
 
 @dataclass(frozen=True)
 class FSDPSettings:
+    """`unit` (ours only): what one all-gather fetches, "layer", "block" or a number of blocks (see
+    `cs336sys.distributed.fsdp`); FSDP2 always shards per block. `single_rank_proxy`: run on one rank
+    (world size 1), where no collective communicates: the step is the compute plus FSDP's host-side
+    work (hooks, gathers that are copies), a proxy for that overhead and not a distributed result."""
+
     size: str
     variant: str  # ours | fsdp2
     compute_dtype: str = "bf16"  # fp32 | bf16: parameters gathered and computed in it; fp32 master weights
+    unit: str | int = "layer"
+    single_rank_proxy: bool = False
     context_length: int = 512
     batch_size: int = 4  # per rank
     warmup: int = 2
@@ -171,7 +182,10 @@ class FSDPSettings:
 def _fsdp_wrapper(settings: FSDPSettings):
     compute = torch_dtype(settings.compute_dtype)
     if settings.variant == "ours":
-        return lambda model: FSDP(model, compute_dtype=None if compute == torch.float32 else compute)
+        return lambda model: FSDP(model, compute_dtype=None if compute == torch.float32 else compute,
+                                  unit=settings.unit)
+    if settings.unit != "layer":
+        raise ValueError(f"unit={settings.unit!r} is for variant 'ours' (FSDP2 shards per block)")
     if settings.variant == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -198,7 +212,10 @@ def build_fsdp_step(settings: FSDPSettings, run: Run) -> Step:
 def run_fsdp_step_point(settings: FSDPSettings, run: Run) -> dict:
     """Step time; memory after init (the shards), peak over the timed steps; the bytes this rank
     holds in sharded and replicated parameters, their gradients and the optimizer state."""
-    _require_group(run)
+    if not settings.single_rank_proxy:
+        _require_group(run)
+    elif run.world_size != 1 or settings.variant != "ours":
+        raise Unsupported("the single-rank proxy is our FSDP on one rank (register the job with 1 GPU)")
     memory = _Memory(run.device)
     memory.reset_peak()
     step = build_fsdp_step(settings, run)
@@ -207,6 +224,8 @@ def run_fsdp_step_point(settings: FSDPSettings, run: Run) -> dict:
     times = _time_steps(step, settings.warmup, settings.steps, run.device)
     params = list(step.module.parameters())
     held = {"sharded_param_bytes": tensor_bytes(params), "optimizer_state_bytes": optimizer_state_bytes(step.optimizer)}
+    if isinstance(step.module, FSDP):
+        held["fsdp_units"] = len(step.module.units)  # all-gathers per forward
     per_rank = _gather_per_rank(run, {"mean_ms": statistics.fmean(times), "peak_bytes": memory.peak(), **held})
     return {**summarize_ms(times), "step_ms": times, "after_init_allocated_bytes": after_init,
             "peak_bytes": memory.peak(), **held, "ranks": per_rank, "parameters": step.info["parameters"],

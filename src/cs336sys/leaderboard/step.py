@@ -45,9 +45,9 @@ from torch import Tensor
 from torch.func import functional_call
 
 from cs336sys.distributed import process_group
+from cs336sys.distributed.fsdp_blocks import BlockFSDP, leaderboard_units
 from cs336sys.dtypes import torch_dtype
 from cs336sys.leaderboard.adamw import FusedAdamW
-from cs336sys.leaderboard.fsdp_blocks import BlockFSDP, leaderboard_units
 from cs336sys.leaderboard.loss import lm_head_cross_entropy
 from cs336sys.model import AttentionFn, TransformerLM, build_model
 from cs336sys.sizes import ModelSize, get_size, parameter_count, train_step_flops
