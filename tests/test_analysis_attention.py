@@ -67,3 +67,23 @@ def test_the_section_and_its_appendix_render_cleanly(built):
     text = render_section("attention", ctx, TEMPLATES)
     assert lint.problems(text) == []
     assert "nan" not in text and "flash_benchmarking (a)" in text
+
+
+def test_fp32_sets_ieee_products_beside_tf32_against_sdpa(built):
+    paths, ctx = built
+    fp = ctx["flash_fp32_precision"]
+    fwd_bwd = {}
+    for p in paths:
+        r = read_result(p)
+        s = r["settings"]
+        if r["problem"] == "flash_benchmarking" and s["dtype"] == "fp32" and s["seq"] == fp["seq"] and r["status"] == "ok":
+            fwd_bwd[s["impl"], s["d"]] = r["metrics"]["fwd_bwd_ms"]
+    ieee = [fwd_bwd["triton_ieee", d] / fwd_bwd["sdpa", d] for d in (16, 32, 64, 128)]
+    assert fp["ieee"] == (min(ieee), max(ieee))
+    assert fp["ieee_over_tf32"][0] > 1  # IEEE products on the CUDA cores are slower than TF32 on the tensor cores
+
+
+def test_span_prints_one_number_when_the_ends_agree():
+    from cs336sys.report import _span
+
+    assert _span((51.2, 51.2), 1) == "51.2" and _span((1.0, 2.5), 1) == "1.0 to 2.5"

@@ -38,6 +38,12 @@ def _num(value, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _span(pair, digits: int = 2) -> str:
+    """A (low, high) range as printed: one number when both ends print the same, else "low to high"."""
+    low, high = (_num(v, digits) for v in pair)
+    return low if low == high else f"{low} to {high}"
+
+
 def overview(contexts: dict[str, dict]) -> dict:
     """What every section's results were measured on, written once for the title block: each machine with
     the sections it ran, the software versions, commits, dates and point counts over all results."""
@@ -89,6 +95,7 @@ def environment(templates: Path, fig=None) -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              extensions=["jinja2.ext.do"])
     env.filters["num"] = _num
+    env.filters["span"] = _span
     fig = fig or (lambda section, name: name)
     env.globals.update(fig=fig, csv=fig, table=markup.table, figure=markup.figure, ref=markup.ref,
                        answers=markup.answers, TOC=markup.TOC, INDEX=markup.INDEX, APPENDIX=markup.APPENDIX)

@@ -50,12 +50,31 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
     ctx["summary"] = _summary(ctx)
     ctx["limitations"] = []
     flash = frame[frame.problem == "flash_benchmarking"]
+    ctx["flash_fp32_precision"] = _fp32_precision(flash)
     if (flash["dtype"] == "fp32").any() and not ((flash["impl"] == "triton_ieee") & (flash["status"] == "ok")).any():
         ctx["limitations"].append("The fp32 points of our Triton kernel multiply in TF32 (Triton's default for a "
                                   "float32 `tl.dot`), SDPA's in full fp32: the fp32 ratios of ours to SDPA compare "
                                   "unlike precisions. The kernels also run with IEEE float32 products "
                                   "(`triton_ieee`); those points wait in the overlay `next` for a GPU.")
     return ctx
+
+
+def _fp32_precision(flash: pd.DataFrame) -> dict | None:
+    """fp32 at the longest sequence every d measured: ours with TF32 products (Triton's default) and
+    with IEEE fp32 products, each over SDPA's forward+backward time (SDPA multiplies in IEEE fp32)."""
+    ok = flash[(flash.status == "ok") & (flash.dtype == "fp32")]
+    if ok.empty or not {"triton", "triton_ieee", "sdpa"} <= set(ok.impl):
+        return None
+    times = ok.pivot_table(index=["seq", "d"], columns="impl", values="fwd_bwd_ms").dropna(
+        subset=["triton", "triton_ieee", "sdpa"])
+    if times.empty:
+        return None
+    seq = int(times.index.get_level_values("seq").max())
+    at = times.xs(seq, level="seq")
+    tf32, ieee = at["triton"] / at["sdpa"], at["triton_ieee"] / at["sdpa"]
+    return {"seq": seq, "tf32": (float(tf32.min()), float(tf32.max())), "ieee": (float(ieee.min()), float(ieee.max())),
+            "ieee_over_tf32": (float((at["triton_ieee"] / at["triton"]).min()),
+                               float((at["triton_ieee"] / at["triton"]).max()))}
 
 
 def _summary(ctx: dict) -> list[dict]:
