@@ -76,7 +76,8 @@ def test_fp32_sets_ieee_products_beside_tf32_against_sdpa(built):
     for p in paths:
         r = read_result(p)
         s = r["settings"]
-        if r["problem"] == "flash_benchmarking" and s["dtype"] == "fp32" and s["seq"] == fp["seq"] and r["status"] == "ok":
+        at_seq = s.get("dtype") == "fp32" and s.get("seq") == fp["seq"] and r["status"] == "ok"
+        if r["problem"] == "flash_benchmarking" and at_seq:
             fwd_bwd[s["impl"], s["d"]] = r["metrics"]["fwd_bwd_ms"]
     ieee = [fwd_bwd["triton_ieee", d] / fwd_bwd["sdpa", d] for d in (16, 32, 64, 128)]
     assert fp["ieee"] == (min(ieee), max(ieee))
