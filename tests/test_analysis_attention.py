@@ -20,7 +20,7 @@ TEMPLATES = REPO / "writeup" / "templates"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     paths = [p for pattern in ("results/pytorch_attention/**/*.json", "results/flash_benchmarking/**/*.json",
-                               "results/flash_leaderboard/*/*.json", "results/peak/*.json")
+                               "results/flash_leaderboard/*/*/*.json", "results/peak/*.json")
              for p in sorted(REPO.glob(pattern))]
     if not paths:
         pytest.skip("no committed attention results")
@@ -39,17 +39,18 @@ def test_forward_backward_and_both_each_have_a_table(built):
     assert {"bf16 forward", "bf16 backward", "bf16 fwd+bwd"} <= set(ctx["flash_tables"])
 
 
-def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes(built):
+def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes_on_each_gpu(built):
     paths, ctx = built
     lb = {}
     for p in paths:
         if "flash_leaderboard" in p.as_posix():
             r = read_result(p)
-            lb[r["settings"]["edition"], r["settings"]["impl"]] = r["metrics"]
+            lb[r["settings"]["gpu_model"], r["settings"]["edition"], r["settings"]["impl"]] = r["metrics"]
     rows = [r for r in ctx["summary"] if "leaderboard shape" in r["part"]]
-    assert [r["part"].split(",")[1].split()[0] for r in rows] == ["2025", "2026"]
-    for edition, row in zip(("2025", "2026"), rows, strict=True):
-        ours, cudnn = lb[edition, "ours"], lb[edition, "sdpa_cudnn"]
+    keys = sorted({(gpu, edition) for gpu, edition, _ in lb})
+    assert [(r["part"].rsplit(", ", 1)[1], r["part"].split(",")[1].split()[0]) for r in rows] == keys
+    for (gpu, edition), row in zip(keys, rows, strict=True):
+        ours, cudnn = lb[gpu, edition, "ours"], lb[gpu, edition, "sdpa_cudnn"]
         fwd, bwd = ours["fwd_ms"] / cudnn["fwd_ms"], ours["bwd_ms"] / cudnn["bwd_ms"]
         assert row["met"] == (fwd <= 1 and bwd <= 1)
         assert f"{fwd:.2f}× cuDNN's time" in row["result"]

@@ -306,7 +306,7 @@ SECTION_INPUTS = {
                      "benchmarks/benchmarking/*.tsv", "benchmarks/warmup/*.tsv", "benchmarks/peak.tsv",
                      "benchmarks/precision/*.tsv"],
     "attention": ["results/pytorch_attention/**/*.json", "results/flash_benchmarking/**/*.json",
-                  "results/flash_leaderboard/*/*.json", "results/peak/*.json", "benchmarks/flash_benchmarking/*.tsv"],
+                  "results/flash_leaderboard/*/*/*.json", "results/peak/*.json", "benchmarks/flash_benchmarking/*.tsv"],
     "precision": ["results/precision/*.json"],
 }
 EXTRA = {"attention": {"reference_ms": {"a published entry": 5.0}}}

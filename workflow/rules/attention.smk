@@ -19,10 +19,12 @@ for impl in FLASH["impls"]:
         experiment_job("flash_benchmarking", f"{impl}-{dtype}", points,
                        [f"results/flash_benchmarking/{impl}-{dtype}/d{p['d']}-seq{p['seq']}.json" for p in points])
 
-LB_POINTS = [dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, **shape)
-             for edition, shape in LB["shapes"].items() for impl in LB["impls"]]
-experiment_job("flash_leaderboard", "", LB_POINTS,
-               [f"results/flash_leaderboard/{p['edition']}/{p['impl']}.json" for p in LB_POINTS])
+# One job per GPU model (each runs only on a host with that GPU): ours against cuDNN on each.
+for gpu in LB["gpus"]:
+    points = [dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
+              for edition, shape in LB["shapes"].items() for impl in LB["impls"]]
+    experiment_job("flash_leaderboard", gpu.lower(), points,
+                   [f"results/flash_leaderboard/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points])
 
 section(
     "attention",

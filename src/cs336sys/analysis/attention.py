@@ -89,7 +89,7 @@ def _summary(ctx: dict) -> list[dict]:
             fa2 = ed["ratios"]["sdpa_flash"]
             result += f" (FlashAttention-2: {fa2['fwd']:.2f}× / {fa2['bwd']:.2f}×)"
         met = ratios["fwd"] <= 1.0 and ratios["bwd"] <= 1.0
-        rows.append({"part": f"Our FlashAttention-2, {ed['edition']} leaderboard shape ({shape})",
+        rows.append({"part": f"Our FlashAttention-2, {ed['edition']} leaderboard shape ({shape}), {ed['gpu']}",
                      "result": result, "target": "≤ 1.00× cuDNN, forward and backward", "met": met,
                      "ref": "att-lb", "why": None if met else
                      "the backward recomputes the scores and dP for dQ (7 tile products to cuDNN's 5); "
@@ -410,6 +410,15 @@ def _kernels(r: pd.Series) -> list[dict]:
     return rows
 
 
+def gpu_label(r: pd.Series) -> str:
+    """The GPU a result was measured on, from its env ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    name = str(r.get("env.gpu") or r.get("gpu_model") or "")
+    for model in ("H100", "H200", "B200", "A100"):
+        if model in name:
+            return model
+    return name or "CPU"
+
+
 def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
     """Both leaderboards' attention shapes: forward, backward, both; ours against SDPA's backends."""
     if df.empty:
@@ -417,12 +426,13 @@ def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
     df = df.copy()
     if "edition" not in df:
         df["edition"] = "2025"
+    df["gpu"] = [gpu_label(r) for _, r in df.iterrows()]
     rows, kernel_rows, editions = [], [], []
-    for edition, part in df.groupby("edition", sort=True):
+    for (gpu, edition), part in df.groupby(["gpu", "edition"], sort=True):
         ok = part[part.status == "ok"].set_index("impl")
         for _, r in part.iterrows():
             good = r["status"] == "ok"
-            rows.append({"leaderboard": edition, "implementation": LB_IMPLS.get(r["impl"], r["impl"]),
+            rows.append({"GPU": gpu, "leaderboard": edition, "implementation": LB_IMPLS.get(r["impl"], r["impl"]),
                          "status": r["status"],
                          "forward (ms)": r.get("fwd_ms") if good else None,
                          "backward (ms)": r.get("bwd_ms") if good else None,
@@ -430,9 +440,9 @@ def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
                          "forward TFLOP/s": r.get("fwd_tflops") if good else None,
                          "backward TFLOP/s": r.get("bwd_tflops") if good else None})
             if good and r["impl"] in ("ours", "sdpa_cudnn"):
-                kernel_rows += [{"leaderboard": edition, "implementation": LB_IMPLS[r["impl"]], **k}
+                kernel_rows += [{"GPU": gpu, "leaderboard": edition, "implementation": LB_IMPLS[r["impl"]], **k}
                                 for k in _kernels(r)]
-        entry = {"edition": edition, "shape": _shape_text(part.iloc[0]), "ratios": {}}
+        entry = {"gpu": gpu, "edition": edition, "shape": _shape_text(part.iloc[0]), "ratios": {}}
         if "ours" in ok.index and "fwd_ms" in ok:
             ours = ok.loc["ours"]
             entry["ours"] = {k: float(ours[k]) for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
@@ -446,7 +456,7 @@ def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
     ctx = {"lb_table": save_table(table, out, "leaderboard", digits=3), "lb_reference_ms": reference_ms,
-           "lb_editions": editions, "lb_dtype": str(df.iloc[0]["dtype"])}
+           "lb_editions": editions, "lb_dtype": str(df.iloc[0]["dtype"]), "lb_gpus": sorted(set(df["gpu"]))}
     if kernel_rows:
         ctx["lb_kernels"] = save_table(pd.DataFrame(kernel_rows), out, "leaderboard_kernels", digits=3)
     return ctx

@@ -132,6 +132,7 @@ class LeaderboardSettings:
     forward_tiles: str | None = None
     backward_tiles: str | None = None
     edition: str = "2025"  # whose leaderboard: a label for the report
+    gpu_model: str = "any"  # the GPU this point is measured on ("H100", "H200"; the job runner checks)
     device: str = "cuda"
 
 
@@ -347,6 +348,8 @@ def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
     """
     device = torch.device(run.device)
     s = settings
+    if device.type == "cuda":
+        _require_gpu_model(s.gpu_model, device)
     dtype = torch_dtype(s.dtype)
     if s.layout not in ("bhsd", "bsd"):
         raise ValueError(f"unknown layout {s.layout!r}; known: bhsd, bsd")
@@ -382,6 +385,15 @@ def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
     if device.type == "cuda":
         metrics["kernels"] = _kernel_times(forward_backward, [q, k, v])
     return metrics
+
+
+def _require_gpu_model(model: str, device: torch.device) -> None:
+    """A point measured per GPU model ("H100", "H200"; "any" runs anywhere) fails on any other GPU, so
+    no other GPU's number is recorded under its name (an error: the job runner writes no result)."""
+    name = torch.cuda.get_device_name(device)
+    if model != "any" and model.lower() not in name.lower():
+        raise RuntimeError(f"this point measures an NVIDIA {model} and this host's GPU is {name}: run this "
+                           f"job on a host with that GPU (each GPU model has its own job)")
 
 
 def _kernel_times(fn: Callable[[], None], grad_to_none: list[torch.Tensor]) -> list[dict]:
