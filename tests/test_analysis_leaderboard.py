@@ -271,7 +271,8 @@ def test_proxy_results_are_a_table_of_their_own_and_absent_without_them(tmp_path
     ctx = leaderboard.build(steps + proxies, out, **GRID)
     assert {(p["job"], p["name"]) for p in ctx["points"]} == {("main", "pytorch_parts"), ("main", "ours")}
     assert ctx["proxy_layers"] == [12]
-    assert "fused RMSNorm, SwiGLU gate and RoPE, attention kept through the checkpoint" in ctx["tables"]["proxy"]
+    assert "ours_sdpa_fused_keep_attention" in ctx["tables"]["proxy"]  # the CSV also says what each config runs
+    assert "attention kept through the checkpoint" in (out / "proxy.csv").read_text()
     text = _render(ctx, tmp_path)
     assert "A one-GPU proxy of the step" in text and "not a leaderboard result" in text
     out2 = tmp_path / "out2"

@@ -225,7 +225,8 @@ def fsdp_rows(frame: pd.DataFrame) -> list[dict]:
         world = int(r.world_size)
         v = _class_values(r["size"], world)
         compute_dtype = f", {r['compute_dtype']} compute" if pd.notna(r.get("compute_dtype")) else ""
-        label = f"{r['size']}, {r.variant}{compute_dtype}, {world} GPUs"
+        unit = f", {r['unit']} units" if pd.notna(r.get("unit")) else ""  # the one-rank proxies run both
+        label = f"{r['size']}, {r.variant}{compute_dtype}{unit}, {world} GPU{'s' if world != 1 else ''}"
         rows.append(_row(f"sharded parameters, {label}", "GiB", evaluate(memory.parameter_bytes("fsdp"), v) / GIB,
                          float(r.sharded_param_bytes) / GIB, "fp32 masters"))
         state = evaluate(memory.model_state_bytes("fsdp"), v)
