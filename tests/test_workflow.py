@@ -289,7 +289,7 @@ def test_the_overlay_lists_exactly_its_new_jobs_and_promoting_it_reruns_nothing(
 
     config = yaml.safe_load((repo_copy / "config.yaml").read_text())
     overlay = {**config, "next": {"leaderboard": {"jobs": {"overlay_probe": ["ours"]}}}}
-    (tmp_path / "next.yaml").write_text(yaml.safe_dump(overlay))
+    (tmp_path / "next.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))  # the order as written
     # (a --configfile merges into config.yaml key by key: the committed overlay's jobs stay in it)
     waiting = {r for r in scheduled(repo_copy, "--config", "grid=next") if r not in CHEAP and r != "all"}
     new = {r for r in scheduled(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")

@@ -400,5 +400,6 @@ def _summary(ctx: dict) -> list[dict]:
                      "target": f"≤ {limits['bucketed_vs_torch']:.2f}× and ≤ {limits['overlap_vs_torch']:.2f}×",
                      "met": bool(b["ok"] and o["ok"]), "ref": "ddp-targets",
                      "why": None if b["ok"] and o["ok"] else "the step is bound by the host, whose hook and launch "
-                            "work overlap and bucketing add (not profiled)"})
+                            "work overlap and bucketing add; on one GPU its profile shows the copies out of the "
+                            "buckets (notes/ddp_host_profile.md), which bucket views remove; their 2-GPU run waits"})
     return rows
