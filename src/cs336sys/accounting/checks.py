@@ -160,7 +160,9 @@ def ddp_rows(frame: pd.DataFrame) -> list[dict]:
         t = evaluate(comm.collective_time("all_reduce", grad, 2, PRESETS["h100"].bandwidth), {})
         return [_row("gradient bytes, xl", "GiB", grad / GIB, NOT_MEASURED, "4 bytes x parameters"),
                 _row("gradient all-reduce, xl, 2 GPUs", "ms", t * 1e3, NOT_MEASURED, "W = h100 preset")]
-    shape = [c for c in ("size", "context_length", "batch_size", "dtype", "world_size") if c in ddp]
+    # a series of jobs apart from the grid (e.g. "host") has its own baseline without communication
+    ddp = ddp.assign(series=ddp["series"].fillna("") if "series" in ddp else "")
+    shape = [c for c in ("size", "context_length", "batch_size", "dtype", "world_size", "series") if c in ddp]
     baselines = {tuple(r[c] for c in shape): float(r.mean_ms) for _, r in ddp[ddp.variant == "none"].iterrows()}
     rows = []
     seen: set = set()
@@ -168,10 +170,12 @@ def ddp_rows(frame: pd.DataFrame) -> list[dict]:
         world, grad = int(r.world_size), 4 * parameter_count(r["size"])
         bucket = f" {r['bucket_size_mb']:g} MiB" if "bucket_size_mb" in r and pd.notna(r.get("bucket_size_mb")) else ""
         dtype = f" {r['dtype']}" if "dtype" in r else ""
-        label = f"{r['size']}{dtype}, {r.variant}{bucket}, {world} GPUs"
+        series = f", {r['series']} series" if r["series"] else ""
+        label = f"{r['size']}{dtype}, {r.variant}{bucket}{series}, {world} GPU{'s' if world != 1 else ''}"
         if (r["size"], world) not in seen:  # the same fp32 gradients whatever the variant
             seen.add((r["size"], world))
-            rows.append(_row(f"gradient bytes, {r['size']}, {world} GPUs", "GiB", grad / 2**30,
+            gpus = f"{world} GPU{'s' if world != 1 else ''}"
+            rows.append(_row(f"gradient bytes, {r['size']}, {gpus}", "GiB", grad / 2**30,
                              float(r.grad_bytes) / 2**30, "4 bytes x parameters"))
         w, basis = _bandwidth(frame, world, r.get("env.gpu"))
         t = evaluate(comm.collective_time("all_reduce", grad, world, w), {}) * 1e3
