@@ -76,29 +76,6 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 @triton.jit
-def _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, n_start, n_end, seq_k, qk_scale,
-                   BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
-    offs_n = tl.arange(0, BLOCK_N)
-    for n0 in tl.range(n_start, n_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = desc_k.load([kv_row0 + n0, 0])
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT)
-        cols = n0 + offs_n
-        if CAUSAL_MASK:
-            scores = tl.where(rows[:, None] >= cols[None, :], scores, -1.0e6)
-        if KEY_MASK:
-            scores = tl.where(cols[None, :] < seq_k, scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
-        p = tl.math.exp2(scores * qk_scale - new_max[:, None])
-        correction = tl.math.exp2(row_max - new_max)
-        row_sum = row_sum * correction + tl.sum(p, 1)
-        v = desc_v.load([kv_row0 + n0, 0])
-        acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
-        row_max = new_max
-    return acc, row_sum, row_max
-
-
-@triton.jit
 def _fold(acc, row_sum, row_max, scores, v, qk_scale, DOT: tl.constexpr):
     """One online-softmax step: fold a tile of unmasked scores and its values into the state."""
     new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
@@ -107,6 +84,22 @@ def _fold(acc, row_sum, row_max, scores, v, qk_scale, DOT: tl.constexpr):
     row_sum = row_sum * correction + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
     return acc, row_sum, new_max
+
+
+@triton.jit
+def _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, n_start, n_end, seq_k, qk_scale,
+                   BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, KEY_MASK: tl.constexpr,
+                   WARP_SPECIALIZE: tl.constexpr, DOT: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(n_start, n_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        scores = tl.dot(q, tl.trans(desc_k.load([kv_row0 + n0, 0])), input_precision=DOT)
+        cols = n0 + offs_n
+        if CAUSAL_MASK:
+            scores = tl.where(rows[:, None] >= cols[None, :], scores, -1.0e6)
+        if KEY_MASK:
+            scores = tl.where(cols[None, :] < seq_k, scores, float("-inf"))
+        acc, row_sum, row_max = _fold(acc, row_sum, row_max, scores, desc_v.load([kv_row0 + n0, 0]), qk_scale, DOT)
+    return acc, row_sum, row_max
 
 
 @triton.jit
