@@ -1,8 +1,23 @@
+import io
+import json
+import re
 import shutil
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
 
 import pytest
 
-from cs336sys import codehash
+from cs336sys import codehash, registry
+
+RUNNER = "cs336sys.run"
+
+
+def experiment_hashes() -> dict[str, str]:
+    """Every registered experiment's code hash, as the workflow computes it."""
+    codehash.clear_cache()
+    return {name: codehash.code_hash(e.function, RUNNER) for name, e in registry.EXPERIMENTS.items()}
 
 
 @pytest.fixture
@@ -10,51 +25,259 @@ def src_copy(tmp_path, monkeypatch):
     """A private copy of the package sources for hashing, so tests can edit them."""
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
-    codehash.closure.cache_clear()
+    codehash.clear_cache()
     yield tmp_path / "cs336sys"
-    codehash.closure.cache_clear()
+    codehash.clear_cache()
 
 
-def test_closure_follows_package_imports_only():
-    bench = codehash.closure("cs336sys.bench")
-    assert {"cs336sys.bench", "cs336sys.model", "cs336sys.sizes", "cs336sys.optim", "cs336sys.timing"} <= set(bench)
+def edit(path, old: str, new: str, count: int = 1) -> None:
+    text = path.read_text()
+    assert text.count(old) >= count, f"{old!r} not in {path.name}"
+    path.write_text(text.replace(old, new, count))
+
+
+def changed_after(src, path: str, old: str, new: str) -> set[str]:
+    before = experiment_hashes()
+    edit(src / path, old, new)
+    after = experiment_hashes()
+    return {name for name in before if before[name] != after[name]}
+
+
+# --- what never stales a result ---------------------------------------------------------------------
+
+
+def _relayout(source: str) -> str:
+    """The same code with every docstring rewritten, a comment on every statement line, blank lines
+    between statements, and single-quoted strings double-quoted (and the other way)."""
+    out, prev_end = [], (1, 0)
+    lines = source.splitlines(keepends=True)
+    toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    for tok in toks:
+        (sl, sc), (el, ec) = tok.start, tok.end
+        # the text between tokens as it was
+        if (sl, sc) > prev_end:
+            gap = "".join(lines[prev_end[0] - 1:sl])[prev_end[1]:len("".join(lines[prev_end[0] - 1:sl - 1])) + sc]
+            out.append(gap)
+        text = tok.string
+        if tok.type == tokenize.STRING and text[:3] in ('"""', "'''"):
+            text = text[:3] + "Rewritten documentation, with 'quotes' and {braces}." + text[-3:]
+        elif tok.type == tokenize.STRING and re.fullmatch(r"'[^'\"\\]*'", text):
+            text = '"' + text[1:-1] + '"'
+        elif tok.type == tokenize.STRING and re.fullmatch(r'"[^\'"\\]*"', text):
+            text = "'" + text[1:-1] + "'"
+        elif tok.type == tokenize.NEWLINE:
+            text = "  # a comment\n\n" if text else text
+        out.append(text)
+        prev_end = (el, ec)
+    return "".join(out)
+
+
+def test_docstrings_comments_layout_and_quotes_stale_nothing(src_copy):
+    before = experiment_hashes()
+    sections_before = {s.module: codehash.code_hash(s.module) for s in registry.SECTIONS.values()}
+    for path in src_copy.rglob("*.py"):
+        relaid = _relayout(path.read_text())
+        compile(relaid, str(path), "exec")  # still Python
+        path.write_text(relaid)
+    assert "Rewritten documentation" in (src_copy / "model.py").read_text()
+    assert experiment_hashes() == before
+    assert {s.module: codehash.code_hash(s.module) for s in registry.SECTIONS.values()} == sections_before
+
+
+def test_a_call_rewrapped_over_lines_with_a_trailing_comma_is_the_same_code(src_copy):
+    path = src_copy / "precision.py"
+    text = path.read_text()
+    call = re.search(r"torch\.zeros\(([^()\n]*)\)", text) or re.search(r"(\w+)\(([^()\n]+), ([^()\n]+)\)", text)
+    assert call, "precision.py has a one-line call to rewrap"
+    before = experiment_hashes()
+    inner = call.group(0)[call.group(0).index("(") + 1:-1]
+    args = [a.strip() for a in inner.split(",")]
+    rewrapped = call.group(0)[:call.group(0).index("(") + 1] + "\n" + "".join(f"    {a},\n" for a in args) + ")"
+    if len(args) == 1:  # a one-argument call keeps no trailing comma: `f(a,)` is still `f(a)`, but not for tuples
+        rewrapped = rewrapped.replace(",\n)", "\n)")
+    path.write_text(text.replace(call.group(0), rewrapped, 1))
+    assert experiment_hashes() == before
+
+
+def test_an_unrelated_function_in_the_same_file_stales_nothing(src_copy):
+    # flash_triton_forward.py holds the kernels the flash experiments run; a new helper nobody calls
+    # changes no point
+    before = experiment_hashes()
+    with open(src_copy / "attention" / "flash_triton_forward.py", "a") as f:
+        f.write("\n\ndef unused_helper(x):\n    return x * 2\n")
+    with open(src_copy / "model.py", "a") as f:  # and a constant nothing reads
+        f.write("\nUNUSED_CONSTANT = 3\n")
+    assert experiment_hashes() == before
+
+
+def test_an_unused_name_dropped_from_an_import_stales_nothing(src_copy):
+    text = (src_copy / "results.py").read_text()
+    assert "import json\n" in text
+    before = experiment_hashes()
+    # a standard-library import only binds a name: one nothing uses can be added (or go)
+    (src_copy / "results.py").write_text(text.replace("import json\n", "import fractions\nimport json\n"))
+    assert experiment_hashes() == before
+    # but the runner is the program: everything in it runs
+    edit(src_copy / "run.py", "import tempfile\n", "import tempfile\nimport fractions\n")
+    assert experiment_hashes() != before
+
+
+# --- what always stales exactly the dependent jobs --------------------------------------------------
+
+FLASH = {"flash_benchmarking", "flash_leaderboard"}
+
+
+def test_a_triton_kernel_edit_stales_the_flash_experiments_and_no_other(src_copy):
+    changed = changed_after(src_copy, "attention/flash_triton_forward.py", "-1.0e6)", "-1.0e7)")
+    assert FLASH <= changed
+    assert not changed & {"benchmarking", "matmul_peak", "allreduce", "mixed_precision_accumulation",
+                          "pytorch_attention", "memory_snapshot"}
+
+
+def test_a_function_body_edit_stales_exactly_its_callers(src_copy):
+    # the matmul ceiling's own measurement: only the experiment that runs it
+    assert changed_after(src_copy, "peak.py", "def matmul_tflops(", "def matmul_tflops(*_unused, ") == {
+        "matmul_peak"}
+
+
+def test_a_default_argument_edit_stales_its_users(src_copy):
+    text = (src_copy / "precision.py").read_text()
+    default = re.search(r'def accumulate\([^)]*device: str = "cpu"', text)
+    assert default
+    # `accumulate` is what the accumulation experiment runs; the autocast one does not call it
+    assert changed_after(src_copy, "precision.py", 'device: str = "cpu"', 'device: str = "meta"') == {
+        "mixed_precision_accumulation"}
+
+
+def test_a_constant_edit_stales_the_experiments_that_read_it(src_copy):
+    changed = changed_after(src_copy, "peak.py", "PEAK_DTYPES = (", "PEAK_DTYPES = ('fp16', ")
+    assert changed == {"matmul_peak"}
+
+
+def test_a_decorator_edit_stales_its_users(src_copy):
+    changed = changed_after(src_copy, "attention/flash_triton_forward.py", "@triton.jit\n",
+                            "@triton.jit(do_not_specialize=[])\n")
+    assert FLASH <= changed and "matmul_peak" not in changed
+
+
+def test_an_import_edit_stales_its_users(src_copy):
+    # the runner binds another write_result: every experiment runs through it
+    edit(src_copy / "results.py", "def write_result(", "def write_result_v1(")
+    shim = "def write_result(*a, **k):\n    return write_result_v1(*a, **k)\n\n\n"
+    edit(src_copy / "results.py", "def write_json_atomic(", shim + "def write_json_atomic(")
+    before = experiment_hashes()
+    assert before  # the runner imports it by name: the statement that binds it changed
+    codehash.clear_cache()
+    changed = changed_after(src_copy, "run.py", "from cs336sys.results import write_json_atomic, write_result",
+                            "from cs336sys.results import write_json_atomic, write_result_v1 as write_result")
+    assert changed == set(registry.EXPERIMENTS)
+
+
+def test_a_new_import_of_another_package_stales_the_importers(src_copy):
+    # importing another package runs its code: it counts, even if nothing uses the name
+    with open(src_copy / "precision.py", "a") as f:
+        f.write("\nimport yaml  # noqa\n")
+    codehash.clear_cache()
+    before = {n: h for n, h in experiment_hashes().items()}
+    edit(src_copy / "precision.py", "\nimport yaml  # noqa\n", "")
+    after = experiment_hashes()
+    assert {n for n in before if before[n] != after[n]} == {"mixed_precision_accumulation", "autocast_dtypes"}
+
+
+def test_a_statement_that_acts_at_import_counts_for_every_importer(src_copy):
+    # a call at module level (it may set global state) in a module the benchmark imports
+    changed = changed_after(src_copy, "model.py", "\nclass ", "\ntorch.manual_seed(0)\n\n\nclass ")
+    assert {"benchmarking", "warmup"} <= changed and "matmul_peak" not in changed
+
+
+def test_globals_lookup_makes_the_whole_module_count(src_copy):
+    before = experiment_hashes()
+    with open(src_copy / "peak.py", "a") as f:
+        f.write("\n\ndef _by_name(name):\n    return globals()[name]\n")
+    edit(src_copy / "peak.py", "def run_point(", "def run_point_impl(")
+    with open(src_copy / "peak.py", "a") as f:
+        f.write("\n\ndef run_point(settings, run):\n    return _by_name('run_point_impl')(settings, run)\n")
+    mid = experiment_hashes()
+    assert mid["matmul_peak"] != before["matmul_peak"]
+    with open(src_copy / "peak.py", "a") as f:  # then any function in it counts
+        f.write("\n\ndef another(x):\n    return x\n")
+    assert experiment_hashes()["matmul_peak"] != mid["matmul_peak"]
+
+
+# --- the rule's own properties ------------------------------------------------------------------
+
+
+def test_closure_follows_what_runs():
+    bench = set(codehash.closure("cs336sys.bench:run_point", RUNNER))
+    assert {"cs336sys.bench", "cs336sys.model", "cs336sys.timing", "cs336sys.run"} <= bench
     assert "cs336sys.precision" not in bench
-    assert "cs336sys.model" not in codehash.closure("cs336sys.precision")
+    # the command line under the main guard is not what a point runs
+    assert "cs336sys.bench_cli" not in bench and "cs336sys.accounting.plan" not in bench
+    assert "cs336sys.model" not in codehash.closure("cs336sys.precision:run_accumulation_point")
 
 
 def test_hash_changes_with_content_not_with_file_times(src_copy):
-    before = codehash.code_hash("cs336sys.bench")
-    (src_copy / "model.py").touch()
-    codehash.closure.cache_clear()
-    assert codehash.code_hash("cs336sys.bench") == before
-    with open(src_copy / "model.py", "a") as f:
-        f.write("\n# a comment is a change of content\n")
-    codehash.closure.cache_clear()
-    assert codehash.code_hash("cs336sys.bench") != before
+    before = experiment_hashes()
+    for p in src_copy.rglob("*.py"):
+        p.touch()
+    assert experiment_hashes() == before
 
 
-def test_unrelated_change_keeps_the_hash(src_copy):
-    before = codehash.code_hash("cs336sys.precision")
-    with open(src_copy / "model.py", "a") as f:
-        f.write("\nX = 1\n")
-    codehash.closure.cache_clear()
-    assert codehash.code_hash("cs336sys.precision") == before
-
-
-def test_unknown_module_is_an_error():
+def test_unknown_module_or_function_is_an_error():
     with pytest.raises(ValueError, match="no source for module"):
-        codehash.closure("cs336sys.does_not_exist")
+        codehash.code_hash("cs336sys.does_not_exist")
+    with pytest.raises(ValueError, match="defines no 'nope'"):
+        codehash.code_hash("cs336sys.bench:nope")
 
 
-def test_a_command_line_under_the_main_guard_is_not_what_a_point_runs(src_copy):
-    bench = codehash.closure("cs336sys.bench")
-    assert "cs336sys.bench_cli" not in bench and "cs336sys.accounting.plan" not in bench
-    before = codehash.code_hash("cs336sys.bench")
-    with open(src_copy / "bench_cli.py", "a") as f:  # the CLI's options, messages, estimate
-        f.write("\n# a new message\n")
-    codehash.closure.cache_clear()
-    assert codehash.code_hash("cs336sys.bench") == before
-    with open(src_copy / "bench.py", "a") as f:  # a module-level import outside the guard counts
-        f.write("\nimport cs336sys.precision  # noqa\n")
-    codehash.closure.cache_clear()
-    assert "cs336sys.precision" in codehash.closure("cs336sys.bench")
+def test_same_hashes_under_another_python(tmp_path):
+    """The GPU hosts run Python 3.12, CI 3.11: the same code must hash the same under both."""
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    found = [str(p) for v in ("3.12", "3.11", "3.13") if v != this
+             for p in sorted(Path.home().glob(f".pyenv/versions/{v}*/bin/python{v}"))]
+    found += [shutil.which(f"python{v}") for v in ("3.12", "3.11", "3.13") if v != this and shutil.which(f"python{v}")]
+    other = found[0] if found else None
+    if other is None:
+        pytest.skip("no second Python version on this machine to compare with")
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); from cs336sys import codehash, registry; "
+              "print(json.dumps({n: codehash.code_hash(e.function, 'cs336sys.run') "
+              "for n, e in registry.EXPERIMENTS.items()}))")
+    out = subprocess.run([other, "-c", script, str(codehash.SRC)], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 and "version" in out.stderr.lower():
+        pytest.skip(f"{other} is not usable here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == experiment_hashes()
+
+
+def test_why_names_the_changed_statement(src_copy):
+    before = codehash.manifest("cs336sys.peak:run_point", RUNNER)
+    edit(src_copy / "peak.py", "PEAK_DTYPES = (", "PEAK_DTYPES = ('fp16', ")
+    codehash.clear_cache()
+    lines = codehash.changes(before, codehash.manifest("cs336sys.peak:run_point", RUNNER))
+    assert lines == ["cs336sys.peak: changed: PEAK_DTYPES = …"]
+
+
+def test_committed_records_hold_the_hash_of_the_code_their_results_name():
+    """Each committed experiment record holds the current rule's hash of the sources at the commit its
+    result names (`env.git_commit`): the migration between rules recomputed them so, and a job is up to
+    date exactly when the rule sees no change since then (or a pin vouches for it)."""
+    from cs336sys import pins, provenance
+
+    if provenance.git("rev-parse", "--is-shallow-repository", cwd=codehash.SRC.parent) != "false":
+        pytest.skip("needs the project's git history (a full clone) to rebuild old sources")
+    checked, by_commit = 0, {}
+    pinned = {rule for p in pins.load(codehash.SRC.parent / "workflow" / "pins.yaml") for rule in p.rules}
+    for output, rec in provenance.records(codehash.SRC.parent / ".snakemake" / "metadata"):
+        function = provenance.function_param(rec)
+        commit = provenance.results_commit(str(codehash.SRC.parent / output))
+        if not function or not commit:
+            continue
+        src = provenance.sources_at(commit, repo=codehash.SRC.parent)
+        assert src is not None, f"{output}: its commit {commit} is not in the history"
+        tree = by_commit.setdefault(commit, codehash.Tree(src))
+        made = tree.code_hash(function, RUNNER)
+        assert provenance.code_param(rec) == made, output
+        now = codehash.code_hash(function, RUNNER)
+        assert made == now or rec["rule"] in pinned, f"{output}: stale and not pinned"
+        checked += 1
+    assert checked > 500

@@ -89,14 +89,15 @@ def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
     assert not scheduled(repo, "writeup/report.pdf") & set(experiments)
     before = pins.load(repo / "workflow" / "pins.yaml")
     code = repo / "src" / "cs336sys" / "precision.py"
-    code.write_text(code.read_text() + "\n# a new command-line message\n")
+    # a new import of another package: it runs that package's code, so both jobs count it
+    code.write_text(code.read_text() + "\nimport yaml  # noqa: E402, F401\n")
     stale = {r for r in scheduled(repo, "writeup/report.pdf") if not r.endswith("_section")} - {
         "report_markdown", "report_pdf"}
     assert stale == set(experiments)  # exactly the jobs that import it
 
     bad = cli(repo, "add", "--experiments", "no_such_experiment", "--reason", "x")
     assert bad.returncode == 2 and "no_such_experiment" in bad.stderr and "Traceback" not in bad.stderr
-    out = cli(repo, "add", "--experiments", *experiments, "--reason", "only a message changed")
+    out = cli(repo, "add", "--experiments", *experiments, "--reason", "an import that changes nothing here")
     assert out.returncode == 0, out.stderr
     assert all(f"{r}: pinned to" in out.stdout for r in stale)
     assert pins.load(repo / "workflow" / "pins.yaml")[:len(before)] == before  # earlier pins kept
@@ -105,7 +106,7 @@ def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
     assert "mixed_precision_accumulation: effective" in cli(repo, "list").stdout
     # a second edit of the same code is not what the pin vouched for: the jobs are stale again
     text = code.read_text()
-    code.write_text(text + "\n# another edit\n")
+    code.write_text(text + "\nimport jinja2  # noqa: E402, F401\n")
     assert scheduled(repo, "writeup/report.pdf") >= stale and "outdated" in cli(repo, "list").stdout
     code.write_text(text)
 

@@ -1,89 +1,619 @@
-"""Content hashes of the code an experiment runs, for the workflow's re-run decisions.
+"""Hashes of the code an experiment runs, for the workflow's re-run decisions.
 
 Snakemake never looks inside imported modules, and judges `script:` files by modification time.
-So each experiment rule carries, as a parameter, the hash of the source text of the modules its
-problem imports (the closure over `cs336sys` imports, found statically). Snakemake re-runs a job
-when a parameter changes; touching a file or checking it out anew changes nothing.
+So each experiment rule carries, as a parameter, a hash of what its experiment's function can run:
+
+- **What is hashed** is each top-level statement's *tokens*, with comments, docstrings, blank lines
+  and line breaks inside brackets dropped, string and number literals written canonically (quotes,
+  prefixes, `1_000`), f-strings as their source text, and a trailing comma that changes nothing
+  dropped. Tokens, not `ast.dump`, whose text changes between Python versions: the same code hashes
+  the same under 3.11 and 3.12. Editing documentation or layout therefore stales nothing.
+- **Which statements** are those the entry points can reach. A module that is imported runs its
+  top-level statements, so those that may act (calls, `if`, `try`, loops, imports of other packages)
+  always count; a function, class, constant or package-internal import counts when something that
+  counts names it (by a plain name, or `module.name` through an imported package module). A class
+  counts whole; a package module used other than as `module.name` counts whole; the modules whose
+  statements count are those imported by the statements that count (lazy imports inside a
+  function only when that function counts). Everything else, an unrelated function in the same
+  file included, can change without staling anything.
+
+An entry is a module (everything it holds counts, its `if __name__ == "__main__":` block too: it is
+the program) or `module:function`. `code_hash(*entries)` is 16 hex digits; `manifest(*entries)`
+lists each counted statement with its own hash, and `python -m cs336sys.codehash why` compares the
+manifests of stale jobs against those at their results' commit, naming what changed.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import io
+import sys
+import token
+import tokenize
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 PACKAGE = "cs336sys"
 SRC = Path(__file__).resolve().parent.parent  # .../src
 
+# Names whose use in counted code means "look anything up by name at run time": their module counts whole.
+_DYNAMIC = {"globals", "vars", "locals", "eval", "exec", "__import__"}
 
-def module_path(module: str) -> Path | None:
-    base = SRC.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
+
+# --- tokens ----------------------------------------------------------------------------------------
+
+
+def _canonical_literal(text: str) -> str:
+    try:
+        return repr(ast.literal_eval(text))
+    except (ValueError, SyntaxError):  # an f-string: its source text
+        return text
+
+
+def _tokens(source: str) -> list[tuple[int, int, str]]:
+    """(line, column, canonical text) of each significant token, comments and line breaks inside
+    brackets left out; an f-string is one token of its source text (Python 3.12 splits it)."""
+    lines = source.splitlines(keepends=True)
+    out: list[tuple[int, int, str]] = []
+    fstring_start, depth = None, 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        kind = tok.type
+        name = token.tok_name[kind]
+        if name == "FSTRING_START":
+            if depth == 0:
+                fstring_start = tok.start
+            depth += 1
+            continue
+        if name == "FSTRING_END":
+            depth -= 1
+            if depth == 0:
+                (l0, c0), (l1, c1) = fstring_start, tok.end
+                text = "".join(lines[l0 - 1:l1])[c0:len("".join(lines[l0 - 1:l1 - 1])) + c1]
+                out.append((l0, c0, text))
+            continue
+        if depth:
+            continue
+        if kind in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
+            continue
+        if kind == tokenize.NEWLINE:
+            text = ";"
+        elif kind == tokenize.INDENT:
+            text = "<indent>"
+        elif kind == tokenize.DEDENT:
+            text = "<dedent>"
+        elif kind in (tokenize.STRING, tokenize.NUMBER):
+            text = _canonical_literal(tok.string)
+        else:
+            text = tok.string
+        out.append((tok.start[0], tok.start[1], text))
+    return _drop_inert_trailing_commas(out)
+
+
+def _drop_inert_trailing_commas(toks: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """A comma before a closing bracket changes nothing where the bracket holds another comma at its
+    level, and before `}` always; `(a,)` and `x[a,]` (a one-element tuple) keep theirs."""
+    drop: set[int] = set()
+    stack: list[list[int]] = []  # per open bracket: its commas
+    for i, (_, _, text) in enumerate(toks):
+        if text in ("(", "[", "{"):
+            stack.append([])
+        elif text == ",":
+            if stack:
+                stack[-1].append(i)
+        elif text in (")", "]", "}") and stack:
+            commas = stack.pop()
+            if commas and commas[-1] == i - 1 and (text == "}" or len(commas) > 1):
+                drop.add(i - 1)
+    return [t for i, t in enumerate(toks) if i not in drop]
+
+
+# --- a module's statements -------------------------------------------------------------------------
+
+
+@dataclass
+class Statement:
+    """One top-level statement: what it binds, what it names, and its tokens' hash."""
+
+    index: int
+    label: str  # "def name", "class name", "x = …", "import …", "if …" (for `why`)
+    digest: str
+    binds: set[str] = field(default_factory=set)
+    names: set[str] = field(default_factory=set)  # names it uses other than as `name.attr`
+    chains: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)  # name.attr.attr... it uses
+    star: set[str] = field(default_factory=set)  # modules it imports `*` from
+    imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # bound name -> (module, attr)
+    lazy_imports: set[str] = field(default_factory=set)  # package modules imported anywhere inside it
+    always: bool = False  # runs and may act when the module is imported
+    dynamic: bool = False  # looks names up at run time (globals(), eval, ...)
+    main_guard: bool = False
+
+
+@dataclass
+class Module:
+    name: str
+    statements: list[Statement]
+
+    def binding(self, name: str) -> list[Statement]:
+        return [s for s in self.statements if name in s.binds and not s.main_guard]
 
 
 def _is_main_guard(node: ast.AST) -> bool:
-    """`if __name__ == "__main__":`: its body runs only when the module is the program, never when an
-    experiment imports it, so what it imports is not part of what a point runs (a command line)."""
     t = node.test if isinstance(node, ast.If) else None
     return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__"
             and len(t.comparators) == 1 and isinstance(t.comparators[0], ast.Constant)
             and t.comparators[0].value == "__main__")
 
 
-def _nodes(tree: ast.Module):
-    """Every node of the module except those inside a top-level main guard."""
-    for top in tree.body:
-        if not _is_main_guard(top):
-            yield from ast.walk(top)
+def _docstring_spans(tree: ast.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                spans.append(((first.lineno, first.col_offset), (first.end_lineno, first.end_col_offset)))
+    return spans
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """Package-internal modules that `module` imports, anywhere in its body (lazy imports too), except
-    under a top-level `if __name__ == "__main__":`."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    base = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _ours(module: str) -> bool:
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
+
+
+def _bound_names(node: ast.AST) -> set[str]:
+    """Names a statement binds at its own level (not inside the functions or classes it defines)."""
     found: set[str] = set()
-    for node in _nodes(tree):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                prefix = f"{base}.{node.module}" if node.module else base
+
+    def visit(n: ast.AST) -> None:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(n.name)  # what it holds binds its own names, not the module's
+            return
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            found.add(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            found.update(a.asname or a.name.split(".")[0] for a in n.names if a.name != "*")
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            found.add(n.name)
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+
+    visit(node)
+    return found
+
+
+# Decorators that only wrap or describe what they decorate: a definition under only these acts at
+# import by binding its name, nothing else (any other decorator may register it somewhere).
+_INERT_DECORATORS = {"dataclass", "dataclasses.dataclass", "property", "staticmethod", "classmethod",
+                     "cache", "functools.cache", "lru_cache", "functools.lru_cache", "cached_property",
+                     "functools.cached_property", "contextmanager", "contextlib.contextmanager",
+                     "triton.jit", "torch.no_grad", "final", "typing.final"}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        node = node.func
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _may_act(node: ast.stmt) -> bool:
+    """Does the statement do more, when the module is imported, than bind names (a definition, a
+    constant, an import of ours)?"""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return any(_dotted(d) not in _INERT_DECORATORS for d in node.decorator_list)
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and not _ours(node.module or "")
+    if isinstance(node, ast.Import):
+        return not all(_ours(a.name) for a in node.names)
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return node.value is not None and any(
+            isinstance(n, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr, ast.Lambda))
+            for n in ast.walk(node.value))
+    return True
+
+
+def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest: str) -> Statement:
+    s = Statement(index, _label(node), digest, binds=_bound_names(node), always=_may_act(node),
+                  main_guard=_is_main_guard(node))
+    attribute_bases = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            if n.id in _DYNAMIC:
+                s.dynamic = True
+            if id(n) not in attribute_bases:
+                s.names.add(n.id)
+        elif isinstance(n, ast.Attribute) and id(n) not in attribute_bases:  # the outermost of a chain
+            chain, base = [], n
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name):
+                s.chains.add((base.id, tuple(reversed(chain))))
+            # any other base (a call's result, a subscript) holds its own names, walked on their own
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if _ours(a.name):
+                    s.lazy_imports.add(a.name)
+                if n is node and _ours(a.name):  # `import a.b` binds `a` (the chain walks down); `as c`: a.b
+                    s.imports[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0],
+                                                                   None)
+        elif isinstance(n, ast.ImportFrom):
+            target = _absolute(module, is_package, n)
+            if not _ours(target):
+                continue
+            s.lazy_imports.add(target)
+            for a in n.names:
+                if a.name == "*":
+                    s.dynamic = True
+                    s.lazy_imports.add(target)
+                    s.star.add(target)
+                    continue
+                s.lazy_imports.add(f"{target}.{a.name}")
+                if n is node:
+                    s.imports[a.asname or a.name] = (target, a.name)
+    return s
+
+
+def _label(node: ast.stmt) -> str:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return f"def {node.name}"
+    if isinstance(node, ast.ClassDef):
+        return f"class {node.name}"
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return " = ".join(ast.unparse(t) for t in targets) + " = …"
+    text = ast.unparse(node).splitlines()[0]
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parse(path: Path, module: str, text: str) -> Module:
+    tree = ast.parse(text, filename=str(path))
+    drop = _docstring_spans(tree)
+    toks = _tokens(text)
+
+    def in_docstring(line: int, col: int) -> bool:
+        return any(a <= (line, col) < b for a, b in drop)
+
+    # a docstring and the line end after it go together
+    kept: list[tuple[int, int, str]] = []
+    skipping = False
+    for line, col, text_ in toks:
+        if in_docstring(line, col):
+            skipping = True
+            continue
+        if skipping and text_ == ";":
+            skipping = False
+            continue
+        skipping = False
+        kept.append((line, col, text_))
+    is_package = path.name == "__init__.py"
+    statements = []
+    starts = []
+    for node in tree.body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        starts.append((first, 0))
+    bounds = starts[1:] + [(10**9, 0)]
+    i = 0
+    for index, node in enumerate(tree.body):
+        lo, hi = starts[index], bounds[index]
+        parts = []
+        while i < len(kept) and (kept[i][0], kept[i][1]) < hi:
+            if (kept[i][0], kept[i][1]) >= lo:
+                parts.append(kept[i][2])
+            i += 1
+        while parts and parts[0] == "<dedent>":  # the ends of the statement before (where tokenize puts them)
+            parts.pop(0)
+        while parts and parts[-1] == "<dedent>":  # implied by the indents it opened
+            parts.pop()
+        if isinstance(node, ast.Expr) and index == 0 and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue  # the module docstring
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not _is_future(node):
+            statements.extend(_import_statements(module, is_package, len(statements), node))
+            continue
+        digest = _digest(parts)
+        statements.append(_statement(module, is_package, len(statements), node, digest))
+    seen: dict[str, int] = {}
+    for s in statements:  # labels name statements in `why`: the second `def _` is `def _ (2)`
+        seen[s.label] = seen.get(s.label, 0) + 1
+        if seen[s.label] > 1:
+            s.label = f"{s.label} ({seen[s.label]})"
+    return Module(module, statements)
+
+
+def _digest(parts: list[str]) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
+def _is_future(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == "__future__"
+
+
+def _import_statements(module: str, is_package: bool, start: int, node: ast.Import | ast.ImportFrom):
+    """A top-level import as one statement per name it binds, each written absolutely, so that an
+    import of a name nothing uses, or the order or grouping of names, changes nothing. Importing a
+    module of the standard library only binds a name; any other package's import may act (it runs
+    that package's code), so it always counts."""
+    if isinstance(node, ast.Import):
+        pieces = [(f"import {a.name}" + (f" as {a.asname}" if a.asname else ""), a.name, ast.Import(names=[a]))
+                  for a in node.names]
+    else:
+        target = _absolute(module, is_package, node)
+        pieces = [(f"from {target} import {a.name}" + (f" as {a.asname}" if a.asname else ""), target,
+                   ast.ImportFrom(module=target, names=[a], level=0)) for a in node.names]
+    out = []
+    for i, (text, target, piece) in enumerate(pieces):
+        s = _statement(module, is_package, start + i, piece, _digest([text]))
+        s.label = text
+        top = target.split(".")[0]
+        s.always = not _ours(target) and top not in sys.stdlib_module_names
+        out.append(s)
+    return out
+
+
+# --- what an entry reaches -------------------------------------------------------------------------
+
+
+class Tree:
+    """The package sources under `root` (a checkout's src/, or an old commit's, for migrations)."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self._modules: dict[str, Module] = {}
+        self._paths: dict[str, Path | None] = {}
+
+    def path(self, module: str) -> Path | None:
+        if module not in self._paths:
+            base = self.root.joinpath(*module.split("."))
+            found = [c for c in (base.with_suffix(".py"), base / "__init__.py") if c.is_file()]
+            self._paths[module] = found[0] if found else None
+        return self._paths[module]
+
+    def module(self, name: str) -> Module:
+        if name not in self._modules:
+            path = self.path(name)
+            if path is None:
+                raise ValueError(f"no source for module {name!r} under {self.root}")
+            self._modules[name] = _parse(path, name, path.read_text())
+        return self._modules[name]
+
+    def reach(self, *entries: str) -> dict[str, set[int]]:
+        """module -> the indices of its statements that count, for these entries."""
+        counted: dict[str, set[int]] = {}
+        whole: set[str] = set()
+        todo: list[tuple[str, Statement]] = []
+
+        def add(m: str, s: Statement) -> None:
+            if s.index not in counted[m]:
+                counted[m].add(s.index)
+                todo.append((m, s))
+
+        def load(name: str) -> None:
+            """`name` is imported: its packages' and its own acting statements run."""
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                m = ".".join(parts[:i])
+                if m in counted or not _ours(m) or self.path(m) is None:
+                    continue  # done, not ours, or `from pkg import name` where name is no module
+                counted[m] = set()
+                for s in self.module(m).statements:
+                    if s.always and not s.main_guard:
+                        add(m, s)
+
+        def everything(m: str, main: bool = False) -> None:
+            load(m)
+            if m in whole and not main:
+                return
+            whole.add(m)
+            for s in self.module(m).statements:
+                if main or not s.main_guard:
+                    add(m, s)
+
+        def use_module(m: str, chain: tuple[str, ...]) -> None:
+            """Module `m` used as `m.chain...` (as a value, if the chain is empty: then all of it counts)."""
+            load(m)
+            if chain:
+                resolve(m, chain[0], chain[1:])
             else:
-                prefix = node.module or ""
-            found.add(prefix)
-            found.update(f"{prefix}.{a.name}" for a in node.names)
-    return {m for m in found if (m == PACKAGE or m.startswith(PACKAGE + ".")) and module_path(m)}
+                everything(m)
+
+        def resolve(m: str, name: str, chain: tuple[str, ...] = ()) -> None:
+            """`name`, then `.chain`, as module `m` sees it."""
+            bindings = self.module(m).binding(name)
+            if not bindings:
+                if self.path(f"{m}.{name}") is not None:  # a submodule, as an attribute of its package
+                    use_module(f"{m}.{name}", chain)
+                for s in self.module(m).statements:  # star imports may bind it
+                    for target in s.star:
+                        if counted.get(m) and s.index in counted[m]:
+                            everything(target)
+                return
+            for s in bindings:
+                add(m, s)
+                if name not in s.imports:
+                    continue  # a definition or a value: a chain on it is an attribute of an object
+                target, attr = s.imports[name]
+                if attr is None:
+                    use_module(target, chain)
+                elif self.path(f"{target}.{attr}") is not None:
+                    use_module(f"{target}.{attr}", chain)
+                else:
+                    load(target)
+                    resolve(target, attr, chain)
+
+        for entry in entries:
+            module, _, function = entry.partition(":")
+            if self.path(module) is None:
+                raise ValueError(f"no source for module {module!r} under {self.root}")
+            if not function:
+                everything(module, main=True)
+                continue
+            load(module)
+            if not self.module(module).binding(function):
+                raise ValueError(f"module {module!r} defines no {function!r}")
+            resolve(module, function)
+
+        while todo:
+            m, s = todo.pop()
+            for name in s.lazy_imports:
+                load(name)
+            if s.dynamic:
+                everything(m)
+            for target in s.star:
+                everything(target)
+            for name in s.names:
+                resolve(m, name)
+            for name, chain in s.chains:
+                resolve(m, name, chain)
+        return counted
+
+    def modules(self, *entries: str) -> list[str]:
+        """The package modules that running `entries` imports (whether or not anything in them counts)."""
+        return sorted(self.reach(*entries))
+
+    def manifest(self, *entries: str) -> dict[str, list[tuple[str, str]]]:
+        """module -> [(statement label, its hash)] of what counts, in source order."""
+        out = {}
+        for m, indices in sorted(self.reach(*entries).items()):
+            rows = [(s.label, s.digest) for s in self.module(m).statements if s.index in indices]
+            if rows:
+                out[m] = rows
+        return out
+
+    def code_hash(self, *entries: str) -> str:
+        h = hashlib.sha256()
+        for m, rows in self.manifest(*entries).items():
+            h.update(m.encode() + b"\0")
+            for _, digest in rows:
+                h.update(digest.encode() + b"\0")
+        return h.hexdigest()[:16]
 
 
 @cache
-def closure(module: str) -> tuple[str, ...]:
-    """`module` and every package module it imports, transitively, plus their parent packages."""
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        m = todo.pop()
-        if m in seen:
+def _tree(root: Path) -> Tree:
+    return Tree(root)
+
+
+def tree() -> Tree:
+    """This checkout's sources (read once per process; `clear_cache` after editing them)."""
+    return _tree(SRC)
+
+
+def clear_cache() -> None:
+    _tree.cache_clear()
+    _hash.cache_clear()
+
+
+@cache
+def _hash(root: Path, entries: tuple[str, ...]) -> str:
+    return _tree(root).code_hash(*entries)
+
+
+def code_hash(*entries: str) -> str:
+    """16 hex digits over what `entries` (modules, or `module:function`) can run, in this checkout."""
+    return _hash(SRC, entries)
+
+
+def manifest(*entries: str) -> dict[str, list[tuple[str, str]]]:
+    return tree().manifest(*entries)
+
+
+def closure(*entries: str) -> list[str]:
+    """The package modules that running `entries` imports, in this checkout."""
+    return tree().modules(*entries)
+
+
+def changes(before: dict[str, list[tuple[str, str]]], after: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """What differs between two manifests, a line per module: statements changed, added, removed."""
+    lines = []
+    for m in sorted(set(before) | set(after)):
+        old, new = before.get(m, []), after.get(m, [])
+        if old == new:
             continue
-        path = module_path(m)
-        if path is None:
-            raise ValueError(f"no source for module {m!r} under {SRC}")
-        seen.add(m)
-        parts = m.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # importing a.b runs a/__init__
-        todo.extend(_imports(m, path))
-    return tuple(sorted(seen))
+        old_by, new_by = dict(old), dict(new)
+        changed = [label for label, d in new if label in old_by and old_by[label] != d]
+        added = [label for label, _ in new if label not in old_by]
+        removed = [label for label, _ in old if label not in new_by]
+        parts = [f"{what} {', '.join(labels)}" for what, labels in
+                 (("changed:", changed), ("now counts:", added), ("no longer counts:", removed)) if labels]
+        lines.append(f"{m}: " + ("; ".join(parts) or "statements reordered"))
+    return lines
 
 
-def code_hash(*modules: str) -> str:
-    """sha256 over the sorted (module name, source bytes) of the closure of `modules`."""
-    h = hashlib.sha256()
-    for m in sorted(set().union(*(closure(x) for x in modules))):
-        h.update(m.encode() + b"\0" + module_path(m).read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+# --- the command line ------------------------------------------------------------------------------
+
+
+def _why(rules: list[str]) -> list[str]:
+    """For each experiment rule with committed results here: up to date, pinned, or what changed."""
+    from cs336sys import pins as pins_lib
+    from cs336sys import provenance
+
+    by_rule: dict[str, tuple[str, list[str]]] = {}
+    for output, rec in provenance.records():
+        function = provenance.function_param(rec)
+        if function and (not rules or rec.get("rule") in rules):
+            by_rule.setdefault(rec["rule"], (function, []))[1].append(output)
+    unknown = sorted(set(rules) - set(by_rule))
+    if unknown:
+        raise SystemExit(f"error: no committed results with provenance for rule(s) {', '.join(unknown)}")
+    pinned = {rule: p for p in pins_lib.load() for rule in p.rules}
+    lines = []
+    for rule, (function, outputs) in sorted(by_rule.items()):
+        entries = (function, "cs336sys.run")
+        now = code_hash(*entries)
+        made = {provenance.recorded_hash(o) for o in outputs}
+        if made == {now}:
+            if not rules:
+                continue
+            lines.append(f"{rule}: up to date")
+            continue
+        pin = pinned.get(rule)
+        live = pin and pins_lib.code_for(rule, now, outputs, [pin]) != now
+        head = f"{rule}: pinned ({pin.reason})" if live else f"{rule}: stale, its code changed"
+        lines.append(head)
+        lines += [f"    {line}" for line in provenance.explain(entries, outputs)]
+    return lines or ["every experiment job with committed results is up to date by its code"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m cs336sys.codehash", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("why", help="which experiment jobs are stale by their code, and which statements changed")
+    w.add_argument("rules", nargs="*", help="rules to explain (default: every stale or pinned one)")
+    s = sub.add_parser("show", help="what an entry's hash covers: each counted statement and its hash")
+    s.add_argument("entries", nargs="+", help="module or module:function, e.g. cs336sys.bench:run_point")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "why":
+            lines = _why(args.rules)
+        else:
+            lines = [f"{code_hash(*args.entries)}  {' + '.join(args.entries)}"]
+            for m, rows in manifest(*args.entries).items():
+                lines.append(m)
+                lines += [f"    {digest}  {label}" for label, digest in rows]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

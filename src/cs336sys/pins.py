@@ -24,7 +24,6 @@ No Snakemake import and no torch: the workflow, the report and the command line 
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime as _dt
 import json
 import re
@@ -35,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
+from cs336sys.provenance import METADATA, record, recorded_hash, records
+
 PINS_FILE = Path("workflow/pins.yaml")
-METADATA = Path(".snakemake/metadata")
-_HASH = re.compile(r"^'([0-9a-f]{16})'$")
 _HEADER = """\
 # Result pins: committed results kept in use although code in their experiment changed since they
 # were made (see src/cs336sys/pins.py). Written by `python -m cs336sys.pins add`; read by the
@@ -106,28 +105,6 @@ def save(pins: list[Pin], path: Path = PINS_FILE) -> None:
     tmp.replace(path)
 
 
-def _record_name(output: str) -> str:
-    return base64.b64encode(output.encode()).decode().replace("/", "@")
-
-
-def record(output: str, metadata: Path = METADATA) -> dict | None:
-    """Snakemake's provenance record of an output (None if there is none)."""
-    path = Path(metadata) / _record_name(output)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def recorded_hash(output: str, metadata: Path = METADATA) -> str | None:
-    """The `code` parameter the output was made with: the one 16-hex-digit parameter of its record."""
-    rec = record(output, metadata)
-    if rec is None:
-        return None
-    found = {m.group(1) for p in rec.get("params", []) if isinstance(p, str) and (m := _HASH.match(p))}
-    return found.pop() if len(found) == 1 else None
-
-
 def state(pinned: str, live: str, outputs: list[str], metadata: Path = METADATA, at: str | None = None) -> str:
     """`effective` (the results hold the pinned hash and the code is what it was when pinned),
     `outdated` (the code changed again since: the pin no longer vouches for it), `spent` (the results
@@ -185,14 +162,8 @@ def _git_head() -> str | None:
 def _outputs_by_rule(metadata: Path = METADATA) -> dict[str, list[str]]:
     """Every output with a provenance record, by the rule that made it (sections and report excluded)."""
     by: dict[str, list[str]] = {}
-    if not Path(metadata).is_dir():
-        return by
-    for f in sorted(Path(metadata).iterdir()):
-        try:
-            output = base64.b64decode(f.name.replace("@", "/")).decode()
-            rule = json.loads(f.read_text()).get("rule")
-        except (ValueError, OSError):
-            continue
+    for output, rec in records(metadata):
+        rule = rec.get("rule")
         if rule and output.startswith("results/") and not output.startswith("results/sections/"):
             by.setdefault(rule, []).append(output)
     return by
@@ -212,7 +183,7 @@ def live_hashes() -> dict[str, tuple[str, list[str]]]:
         if problem is None:
             continue
         function = registry.experiment(problem).function
-        hashes[rule] = (code_hash(function.partition(":")[0], "cs336sys.run"), outputs)
+        hashes[rule] = (code_hash(function, "cs336sys.run"), outputs)
     return hashes
 
 

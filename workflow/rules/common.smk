@@ -19,6 +19,7 @@ sys.path.insert(0, SRC)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
 
 from cs336sys import pins as pins_lib  # noqa: E402
+from cs336sys import provenance  # noqa: E402
 from cs336sys import registry  # noqa: E402
 from cs336sys.codehash import code_hash  # noqa: E402
 
@@ -160,7 +161,7 @@ def section(name, inputs, extra=None):
 
 def experiment_code(function):
     """Content hash for an experiment: its function's module closure plus the job runner."""
-    return code_hash(function.partition(":")[0], "cs336sys.run")
+    return code_hash(function, "cs336sys.run")
 
 
 # Result pins (cs336sys.pins): a pinned rule's `code` is the hash its committed results were made

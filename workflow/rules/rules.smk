@@ -48,6 +48,13 @@ for _name, _section in SECTION_INPUTS.items():
             ANALYSIS
 
 
+# Experiment jobs stale by their code: say which statements changed (Snakemake only shows two hashes).
+_stale = provenance.stale_by_code([
+    (j.rule, (registry.experiment(j.experiment).function, "cs336sys.run"),
+     job_code(j, registry.experiment(j.experiment).function), j.results) for j in EXPERIMENT_JOBS])
+if _stale:
+    print(_stale, file=sys.stderr)
+
 # A name in the registry that no rule file uses is an error, whichever grid runs.
 _missing = [name for name in registry.SECTIONS if name not in SECTION_INPUTS]
 if _missing:
