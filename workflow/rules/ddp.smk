@@ -38,7 +38,7 @@ for size in DDP["sizes"]:
                        [f"results/ddp_step/{size}-{dtype}/{ddp_name(p)}.json" for p in points],
                        gpus=DDP["world_size"])
 
-# Issue 24: the gradient-as-bucket-view wrapper (bucket_view) beside ours and PyTorch's, each (size,
+# Host overhead: the gradient-as-bucket-view wrapper (bucket_view) beside ours and PyTorch's, each (size,
 # dtype, world size) a job of its own with its own baselines (series "host": the section shows them
 # apart from the grid's jobs, and their time is not the grid's). World size 1: single-rank proxies,
 # one GPU in a process group of one: every hook, bucket and all-reduce launch, no transfer.

@@ -35,7 +35,7 @@ for _job, _names in LB["jobs"].items():
         gpus=LB["world_size"], rendered=True,
     )
 
-# The one-GPU proxy of the step (issue 24): the 8B's widths, vocabulary and sample, `proxy.num_layers`
+# The one-GPU proxy of the step: the 8B's widths, vocabulary and sample, `proxy.num_layers`
 # blocks, one rank. A proxy, not the leaderboard step: its results say so, and the section reads only
 # the step's. Only a grid with `leaderboard.proxy` (the overlay `next`, the smoke grid) has the job.
 experiment_job(

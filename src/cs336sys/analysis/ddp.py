@@ -40,7 +40,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         ar = allreduce(frame[frame.problem == "allreduce"], out)
         ctx.update(ar)
         steps = frame[frame.problem == "ddp_step"]
-        host = ddp_steps.is_host(steps)  # issue 24's jobs: shown apart, never mixed into the grid's
+        host = ddp_steps.is_host(steps)  # the host-overhead jobs: shown apart, never mixed into the grid's
         ctx.update(ddp_steps.jobs(steps[~host], out, ar.get("allreduce_fits")))
         ctx.update(ddp_steps.host_jobs(steps[host], out))
         ctx.update(trace(frame[frame.problem == "ddp_trace"], out))

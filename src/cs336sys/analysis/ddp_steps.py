@@ -1,7 +1,7 @@
 """The DDP step benchmarks of the ddp section (problems 14, 15, 17a, 19): per (size, dtype) job, every
 variant against the no-communication step and PyTorch's DDP of the same job, the targets, the bucket
 sweep's figure and the overhead model fitted to it (`cs336sys.analysis.ddp_model`); and, apart, the
-jobs of series "host" (issue 24: gradients as bucket views, single-rank proxies; `host_jobs`)."""
+jobs of series "host" (host overhead: gradients as bucket views, single-rank proxies; `host_jobs`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ TORCH_DDP_DEFAULT_MB = 25.0
 TARGETS = {"bucketed_vs_torch": 1.02, "overlap_vs_torch": 1.10}
 FIT_R2_GOOD = 0.9  # below this (or with no spare degree of freedom) the report calls the fit poor
 VARIANT_ORDER = ["none", "naive", "flat", "overlap", "bucketed", "bucket_view", "torch_ddp"]
-HOST_SERIES = "host"  # DDPStepSettings.series of issue 24's jobs, each with baselines of its own
+HOST_SERIES = "host"  # DDPStepSettings.series of the host-overhead jobs, each with baselines of its own
 DTYPE_ORDER = ["fp32", "bf16"]
 LINE_STYLE = {"none": ("black", ":"), "naive": ("C3", "--"), "flat": ("C2", "--"), "overlap": ("C4", "-."),
               "torch_ddp": ("C1", "-")}

@@ -1,4 +1,4 @@
-"""Bucketed DDP with gradients as views of the buckets (issue 24): the bucketed wrapper's rules with
+"""Bucketed DDP with gradients as views of the buckets: the bucketed wrapper's rules with
 less host work per step.
 
     BucketViewDDP(module, bucket_size_mb)   variant "bucket_view"; bucket_size_mb=0: one bucket per

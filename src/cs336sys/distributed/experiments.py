@@ -31,7 +31,7 @@ from cs336sys.timing import summarize_ms, synchronize
 from cs336sys.training.step import Step, StepSpec, build_step
 
 BASELINES = ("none", "torch_ddp")  # local training without communication; PyTorch's own DDP
-VIEW_VARIANTS = ("bucket_view",)  # cs336sys.distributed.ddp_views (issue 24)
+VIEW_VARIANTS = ("bucket_view",)  # cs336sys.distributed.ddp_views
 TORCH_DDP_DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb default
 
 
@@ -88,7 +88,7 @@ class DDPStepSettings:
     warmup: int = 2
     steps: int = 10
     device: str = "cuda"
-    # A series of jobs with baselines of their own ("host": issue 24's bucket_view jobs), which the
+    # A series of jobs with baselines of their own ("host": the host-overhead jobs of bucket_view), which the
     # workflow keeps out of the ddp section's per-(size, dtype) comparison; None: the DDP grid's jobs.
     series: str | None = None
     # True: run on ONE rank, in a process group of one (NCCL on a GPU): every hook, bucket and

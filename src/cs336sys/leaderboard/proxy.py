@@ -1,4 +1,4 @@
-"""A one-GPU proxy of the leaderboard step (issue 24): NOT the leaderboard step, and not its numbers.
+"""A one-GPU proxy of the leaderboard step: NOT the leaderboard step, and not its numbers.
 
     run_proxy_point(ProxySettings(variant="ours", fused_elementwise=True), run)   # one process, one GPU
 
