@@ -281,3 +281,31 @@ def test_committed_records_hold_the_hash_of_the_code_their_results_name():
         assert made == now or rec["rule"] in pinned, f"{output}: stale and not pinned"
         checked += 1
     assert checked > 500
+
+
+def test_a_constant_moved_to_another_module_and_imported_stales_nothing(src_copy):
+    backward = src_copy / "attention" / "flash_triton_backward.py"
+    text = backward.read_text()
+    assert "\nLOG2E = 1.4426950408889634\n" in text
+    before = experiment_hashes()
+    # defined once, in a module of units; the kernels import it; written another way
+    (src_copy / "some_units.py").write_text('"""Units."""\n\nLOG2E = 1.4426950408889634  # log2(e)\nMIB = 1 << 20\n')
+    backward.write_text(text.replace("\nLOG2E = 1.4426950408889634\n", "\n")
+                        .replace("\nimport triton\n", "\nimport triton\n\nfrom cs336sys.some_units import LOG2E\n", 1))
+    assert "from cs336sys.some_units import LOG2E" in backward.read_text()
+    assert experiment_hashes() == before
+    # but its value counts wherever it is
+    edit(src_copy / "some_units.py", "LOG2E = 1.4426950408889634", "LOG2E = 1.4426950408889")
+    changed = {n for n, h in experiment_hashes().items() if h != before[n]}
+    assert FLASH <= changed and "matmul_peak" not in changed
+
+
+def test_definitions_reordered_within_a_file_stale_nothing(src_copy):
+    path = src_copy / "peak.py"
+    text = path.read_text()
+    head, _, rest = text.partition("\ndef matmul_tflops(")
+    body, _, tail = rest.partition("\ndef run_point(")
+    before = experiment_hashes()
+    path.write_text(head + "\ndef run_point(" + tail.rstrip("\n") + "\n\n\ndef matmul_tflops(" + body)
+    compile(path.read_text(), str(path), "exec")
+    assert experiment_hashes() == before

@@ -29,6 +29,7 @@ def _old_rule(path: Path, src: Path):
     """The old codehash module, reading the sources under `src`."""
     spec = importlib.util.spec_from_file_location(f"old_codehash_{abs(hash(src))}", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     mod.SRC = src
     return mod
@@ -48,13 +49,15 @@ def _entries(rec: dict, section_of: dict[str, str]) -> tuple[str, ...] | None:
     return None
 
 
-def _old_entries(entries: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(e.partition(":")[0] for e in entries)
+def _old_entries(entries: tuple[str, ...], by_module: bool) -> tuple[str, ...]:
+    return tuple(e.partition(":")[0] for e in entries) if by_module else entries
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", type=Path, help="the previous cs336sys/codehash.py")
+    p.add_argument("--old-by-module", action="store_true",
+                   help="the old rule hashed the experiment function's whole module (the first rule did)")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     from cs336sys import registry
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         rule = rec.get("rule", "?")
         if h is None or entries is None:
             continue
-        if old_here.code_hash(*_old_entries(entries)) == h:
+        if old_here.code_hash(*_old_entries(entries, args.old_by_module)) == h:
             new = codehash.code_hash(*entries)
             by_rule[rule].append("up to date, stays so")
         else:
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             if commit not in trees:
                 trees[commit] = (_old_rule(args.old, src), codehash.Tree(src))
             old_then, new_then = trees[commit]
-            if old_then.code_hash(*_old_entries(entries)) != h:
+            if old_then.code_hash(*_old_entries(entries, args.old_by_module)) != h:
                 by_rule[rule].append(f"LEFT: {output}: the old rule at {commit[:10]} does not give {h}")
                 continue
             new = new_then.code_hash(*entries)

@@ -128,6 +128,7 @@ class Statement:
     always: bool = False  # runs and may act when the module is imported
     dynamic: bool = False  # looks names up at run time (globals(), eval, ...)
     main_guard: bool = False
+    constant: str | None = None  # a name bound to a value of literals alone: the value's digest
 
 
 @dataclass
@@ -226,9 +227,30 @@ def _may_act(node: ast.stmt) -> bool:
     return True
 
 
+_PURE = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.operator, ast.unaryop, ast.Load)
+
+
+def _constant_digest(node: ast.stmt) -> str | None:
+    """`NAME = <literals and arithmetic>` (`MIB = 2**20`, `LOG2E = 1.44…`): the digest of its value, so
+    that where it is written, and how (`2**20` or `1 << 20`), is not what counts; None otherwise."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target, value = node.targets[0], node.value
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+        target, value = node.target, node.value
+    else:
+        return None
+    if not isinstance(target, ast.Name) or not all(isinstance(n, _PURE) for n in ast.walk(value)):
+        return None
+    try:
+        result = eval(compile(ast.Expression(value), "<constant>", "eval"), {"__builtins__": {}})  # literals only
+    except Exception:  # noqa: BLE001 - an expression that raises is left to the tokens
+        return None
+    return _digest([f"constant {type(result).__name__} {result!r}"])
+
+
 def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest: str) -> Statement:
     s = Statement(index, _label(node), digest, binds=_bound_names(node), always=_may_act(node),
-                  main_guard=_is_main_guard(node))
+                  main_guard=_is_main_guard(node), constant=_constant_digest(node))
     attribute_bases = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
     for n in ast.walk(node):
         if isinstance(n, ast.Name):
@@ -391,9 +413,11 @@ class Tree:
             self._modules[name] = _parse(path, name, path.read_text())
         return self._modules[name]
 
-    def reach(self, *entries: str) -> dict[str, set[int]]:
-        """module -> the indices of its statements that count, for these entries."""
+    def reach(self, *entries: str) -> dict[str, dict[int, str]]:
+        """module -> {index: digest} of its statements that count, for these entries (an import of a
+        constant counts as the constant's value)."""
         counted: dict[str, set[int]] = {}
+        inlined: dict[tuple[str, int], str] = {}
         whole: set[str] = set()
         todo: list[tuple[str, Statement]] = []
 
@@ -453,7 +477,11 @@ class Tree:
                     use_module(f"{target}.{attr}", chain)
                 else:
                     load(target)
-                    resolve(target, attr, chain)
+                    value = None if chain else self._constant(target, attr)
+                    if value is not None:  # an imported constant counts as its value, here
+                        inlined[(m, s.index)] = value
+                    else:
+                        resolve(target, attr, chain)
 
         for entry in entries:
             module, _, function = entry.partition(":")
@@ -479,7 +507,25 @@ class Tree:
                 resolve(m, name)
             for name, chain in s.chains:
                 resolve(m, name, chain)
-        return counted
+        return {m: {i: inlined.get((m, i)) or self._digest_of(m, i) for i in indices} for m, indices in counted.items()}
+
+    def _digest_of(self, module: str, index: int) -> str:
+        s = next(s for s in self.module(module).statements if s.index == index)
+        return s.constant or s.digest
+
+    def _constant(self, module: str, name: str, depth: int = 0) -> str | None:
+        """The value digest of `module.name` if it is a constant (through imports of it), else None."""
+        bindings = self.module(module).binding(name)
+        if len(bindings) != 1 or depth > 20:
+            return None
+        s = bindings[0]
+        if s.constant is not None:
+            return s.constant
+        if name in s.imports and s.imports[name][1] is not None:
+            target, attr = s.imports[name]
+            if self.path(f"{target}.{attr}") is None:
+                return self._constant(target, attr, depth + 1)
+        return None
 
     def modules(self, *entries: str) -> list[str]:
         """The package modules that running `entries` imports (whether or not anything in them counts)."""
@@ -488,18 +534,23 @@ class Tree:
     def manifest(self, *entries: str) -> dict[str, list[tuple[str, str]]]:
         """module -> [(statement label, its hash)] of what counts, in source order."""
         out = {}
-        for m, indices in sorted(self.reach(*entries).items()):
-            rows = [(s.label, s.digest) for s in self.module(m).statements if s.index in indices]
+        for m, digests in sorted(self.reach(*entries).items()):
+            rows = [(s.label, digests[s.index]) for s in self.module(m).statements if s.index in digests]
             if rows:
                 out[m] = rows
         return out
 
     def code_hash(self, *entries: str) -> str:
+        """Per module: the statements that act at import in their order (it may matter), then the
+        definitions, constants and imports that count, in any order (moving one within its file, or
+        an import's place, changes nothing)."""
         h = hashlib.sha256()
-        for m, rows in self.manifest(*entries).items():
-            h.update(m.encode() + b"\0")
-            for _, digest in rows:
-                h.update(digest.encode() + b"\0")
+        for m, digests in sorted(self.reach(*entries).items()):
+            acting = [digests[s.index] for s in self.module(m).statements if s.index in digests and s.always]
+            others = sorted(digests[s.index] for s in self.module(m).statements
+                            if s.index in digests and not s.always)
+            if acting or others:
+                h.update(m.encode() + b"\0" + "\0".join(acting).encode() + b"\1" + "\0".join(others).encode())
         return h.hexdigest()[:16]
 
 
