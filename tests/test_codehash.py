@@ -284,15 +284,15 @@ def test_committed_records_hold_the_hash_of_the_code_their_results_name():
 
 
 def test_a_constant_moved_to_another_module_and_imported_stales_nothing(src_copy):
-    backward = src_copy / "attention" / "flash_triton_backward.py"
-    text = backward.read_text()
+    forward = src_copy / "attention" / "flash_triton_forward.py"
+    text = forward.read_text()
     assert "\nLOG2E = 1.4426950408889634\n" in text
     before = experiment_hashes()
     # defined once, in a module of units; the kernels import it; written another way
     (src_copy / "some_units.py").write_text('"""Units."""\n\nLOG2E = 1.4426950408889634  # log2(e)\nMIB = 1 << 20\n')
-    backward.write_text(text.replace("\nLOG2E = 1.4426950408889634\n", "\n")
-                        .replace("\nimport triton\n", "\nimport triton\n\nfrom cs336sys.some_units import LOG2E\n", 1))
-    assert "from cs336sys.some_units import LOG2E" in backward.read_text()
+    forward.write_text(text.replace("\nLOG2E = 1.4426950408889634\n", "\n")
+                       .replace("\nimport triton\n", "\nimport triton\n\nfrom cs336sys.some_units import LOG2E\n", 1))
+    assert "from cs336sys.some_units import LOG2E" in forward.read_text()  # the backward imports it from there
     assert experiment_hashes() == before
     # but its value counts wherever it is
     edit(src_copy / "some_units.py", "LOG2E = 1.4426950408889634", "LOG2E = 1.4426950408889")

@@ -19,8 +19,9 @@ from conftest import spawn_checks
 from torch import nn
 
 from cs336sys.distributed.ddp import BucketedDDP, FlatDDP, NaiveDDP, OverlappedDDP, build_ddp
-from cs336sys.distributed.ddp_base import MIB, plan_buckets
+from cs336sys.distributed.ddp_base import plan_buckets
 from cs336sys.distributed.spawn import RankFailed, spawn
+from cs336sys.units import MIB
 
 IN, HIDDEN, OUT = 6, 12, 3
 BATCH_PER_RANK = 4

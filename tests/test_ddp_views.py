@@ -24,8 +24,8 @@ from test_ddp import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cs336sys.distributed.ddp_base import MIB
 from cs336sys.distributed.ddp_views import BucketViewDDP
+from cs336sys.units import MIB
 
 BUCKETS = {"per_param": 0.0, "mid": 2.5 * MATRIX_BYTES / MIB, "huge": 100.0}
 

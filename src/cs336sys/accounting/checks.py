@@ -26,10 +26,9 @@ from cs336sys.accounting import compute, memory
 from cs336sys.accounting.hardware import PRESETS, preset_for_gpu
 from cs336sys.accounting.symbols import N, W, evaluate
 from cs336sys.sizes import parameter_count
+from cs336sys.units import GB, GIB  # memory in GiB, as the rest of the report
 
 NOT_MEASURED = "not yet measured"
-GIB = 2**30  # memory in GiB, as the rest of the report
-GB = 1e9
 COLUMNS = ["quantity", "unit", "predicted", "measured", "ratio", "basis"]
 
 

@@ -14,8 +14,8 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
 from cs336sys.analysis.ddp_model import Fit, exposed_time, fit_bucket_model, optimal_bucket_bytes
 from cs336sys.sizes import SIZES, train_step_flops
+from cs336sys.units import MIB
 
-MIB = 2**20
 # PyTorch's DistributedDataParallel bucket_cap_mb default (cs336sys.distributed.experiments
 # TORCH_DDP_DEFAULT_BUCKET_MB; a test checks they agree): the reference of the targets.
 TORCH_DDP_DEFAULT_MB = 25.0

@@ -26,8 +26,8 @@ import pandas as pd
 from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame, save_table
 from cs336sys.results import read_result
 from cs336sys.sizes import get_size
+from cs336sys.units import GIB
 
-GIB = 2**30
 TARGET_STEP_S = 5.0  # the project's leaderboard issue: step <= 5.0 s on 2 H200s
 # ... i.e. at least 1.35x faster than PyTorch's parts in the same job (their 6.73-6.78 s over 5.0 s)
 TARGET_SPEEDUP = 1.35

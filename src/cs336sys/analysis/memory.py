@@ -34,9 +34,8 @@ from cs336sys.profiling.checkpointing import (
 from cs336sys.profiling.timeline import SHADES
 from cs336sys.results import read_result
 from cs336sys.sizes import parameter_count
+from cs336sys.units import GIB, MIB
 
-MIB = 2**20
-GIB = 2**30
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
 

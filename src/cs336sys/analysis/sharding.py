@@ -40,7 +40,6 @@ from cs336sys.analysis.common import (
 )
 from cs336sys.registry import EXPERIMENTS
 
-GB = 1e9
 # Targets of the project's sharding issue (ratios of times measured in the same job).
 TARGETS = {"sharded_vs_zero": 1.05, "fsdp_vs_fsdp2_bf16": 1.10, "model_state_tolerance": 0.05}
 VARIANTS = ("unsharded", "sharded", "zero")

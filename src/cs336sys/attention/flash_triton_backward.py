@@ -28,8 +28,7 @@ import triton
 import triton.language as tl
 
 from cs336sys.attention.flash_configs import BackwardConfig
-
-LOG2E = 1.4426950408889634
+from cs336sys.attention.flash_triton_forward import LOG2E
 
 
 @triton.jit

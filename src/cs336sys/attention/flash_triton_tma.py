@@ -30,7 +30,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-LOG2E = 1.4426950408889634
+from cs336sys.attention.flash_triton_forward import LOG2E
+
 # The compiled kernel of each kind's last launch, for inspecting its TTGIR/PTX
 # (tools/flash_hopper_probe.py reads what the compiler did with warp specialisation and TMA).
 LAUNCHED: dict[str, object] = {}

@@ -20,7 +20,8 @@ import math
 import torch.distributed as dist
 from torch import nn
 
-from cs336sys.distributed.ddp_base import MIB, DDPBase, weak_hook
+from cs336sys.distributed.ddp_base import DDPBase, weak_hook
+from cs336sys.units import MIB
 
 
 class NaiveDDP(DDPBase):

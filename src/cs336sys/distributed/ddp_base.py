@@ -35,8 +35,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-MIB = 2**20  # bucket sizes are in MiB, as PyTorch DDP's `bucket_cap_mb`; the handout does not say which MB
-
 
 def weak_hook(method: Callable) -> Callable:
     """`method` (bound) as a hook that does not keep its object alive: autograd holds a tensor's

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from cs336sys.distributed.ddp_base import MIB, DDPBase, GradientGroup, weak_hook
+from cs336sys.distributed.ddp_base import DDPBase, GradientGroup, weak_hook
+from cs336sys.units import MIB
 
 
 class BucketViewDDP(DDPBase):

@@ -51,8 +51,6 @@ from cs336sys.sizes import get_size
 from cs336sys.timing import reset_peak_memory
 from cs336sys.training.step import StepSpec, build_step
 
-MIB = 2**20
-
 
 @dataclass(frozen=True)
 class MemorySnapshotSettings:
