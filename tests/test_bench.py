@@ -132,7 +132,7 @@ def test_cli_refuses_a_size_that_cannot_fit_before_building_it():
 
 def test_memory_estimate_counts_what_each_mode_keeps():
     from cs336sys.bench import BenchSettings
-    from cs336sys.bench_cli import memory_estimate
+    from cs336sys.bench.cli import memory_estimate
 
     s = BenchSettings(size="tiny", context_length=64, mode="train_step", device="cpu")
     parts = memory_estimate(s)

@@ -212,7 +212,7 @@ def test_closure_follows_what_runs():
     assert {"cs336sys.bench", "cs336sys.model", "cs336sys.timing", "cs336sys.run"} <= bench
     assert "cs336sys.precision" not in bench
     # the command line under the main guard is not what a point runs
-    assert "cs336sys.bench_cli" not in bench and "cs336sys.accounting.plan" not in bench
+    assert "cs336sys.bench.cli" not in bench and "cs336sys.accounting.plan" not in bench
     assert "cs336sys.model" not in codehash.closure("cs336sys.precision:run_accumulation_point")
 
 

@@ -1,8 +1,8 @@
 """The command line of the benchmarking script (`python -m cs336sys.bench`, `--help` for the options).
 
-Kept apart from `cs336sys.bench`, the measurement every benchmarking point runs: what only the command
-line uses (its options, its memory estimate from the accounting, its messages) is not part of the
-experiment's code hash, so changing it stales no result.
+Kept apart from the package's `__init__`, the measurement every benchmarking point runs: the command
+line imports the measurement, never the other way round, and what only it uses (its options, its
+memory estimate from the accounting, its messages) is no part of what a point runs.
 """
 
 from __future__ import annotations
@@ -145,6 +145,3 @@ def main(argv: list[str] | None = None) -> None:
 
 
 
-
-if __name__ == "__main__":
-    main()

@@ -174,8 +174,3 @@ def run_warmup_point(settings: WarmupSettings, run: Run) -> dict:
                           optimizer=settings.optimizer, device=settings.device)
     return measure(bench, run.device, extra_passes=False)  # the cold sequence is what this point is for
 
-
-if __name__ == "__main__":  # the command line lives apart, outside what a point runs (see cs336sys.codehash)
-    from cs336sys.bench_cli import main
-
-    main()
