@@ -40,3 +40,33 @@ def test_adamw_weight_decay_is_decoupled():
 def test_make_optimizer_rejects_unknown_kind():
     with pytest.raises(ValueError, match="unknown optimizer"):
         make_optimizer([torch.nn.Parameter(torch.zeros(1))], "sgd")
+
+
+def test_adamw_is_bitwise_the_algorithm_written_out():
+    """The optimizer (one loop, one update function shared with the fused optimizer) against
+    algorithm 2 written out as separate torch ops, in that order: equal to the bit after 5 steps."""
+    import math
+
+    from cs336sys.optim import AdamW
+
+    shapes = [(7, 5), (5,), (3, 4, 2)]
+    params = [torch.randn(s, requires_grad=True) for s in shapes]
+    mirror = [p.detach().clone() for p in params]
+    m = [torch.zeros_like(p) for p in mirror]
+    v = [torch.zeros_like(p) for p in mirror]
+    lr, b1, b2, eps, wd = 3e-3, 0.9, 0.95, 1e-8, 0.1
+    opt = AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    for t in range(1, 6):
+        grads = [torch.randn(s) for s in shapes]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+        for i, g in enumerate(grads):
+            m[i].mul_(b1).add_(g, alpha=1 - b1)
+            v[i].mul_(b2).addcmul_(g, g, value=1 - b2)
+            step_size = lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+            mirror[i].addcdiv_(m[i], v[i].sqrt().add_(eps), value=-step_size)
+            mirror[i].mul_(1 - lr * wd)
+    for p, ref, mi, vi in zip(params, mirror, m, v, strict=True):
+        assert torch.equal(p.detach(), ref)
+        assert torch.equal(opt.state[p]["exp_avg"], mi) and torch.equal(opt.state[p]["exp_avg_sq"], vi)

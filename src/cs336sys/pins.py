@@ -220,6 +220,7 @@ def add(rules: list[str], experiments: list[str], reason: str, path: Path = PINS
     pinned_now = {r for p in pins for r in p.rules}
     said, new = [], Pin(rules={}, reason=reason, pinned_at=_git_head(),
                         date=_dt.date.today().isoformat())
+    extended: dict[int, Pin] = {}  # id(an outdated pin) -> the pin its re-pinned rules move to
     for rule in sorted(wanted):
         h, outputs = live[rule]
         recorded = {recorded_hash(o) for o in outputs}
@@ -234,15 +235,27 @@ def add(rules: list[str], experiments: list[str], reason: str, path: Path = PINS
             said.append(f"{rule}: up to date, not pinned")
             continue
         if rule in pinned_now:
-            said.append(f"{rule}: already pinned (remove that pin first to pin it again)")
-            continue
-        new.rules[rule] = made
-        new.code[rule] = h
-        new.outputs[rule] = outputs
-        said.append(f"{rule}: pinned to {made} (code now {h})")
-    if new.rules:
-        new.results_commit = _results_commit([o for outs in new.outputs.values() for o in outs])
-        save(pins + [new], path)
+            old = next(p for p in pins if rule in p.rules)
+            if state(old.rules[rule], h, outputs, at=old.code.get(rule)) != "outdated":
+                said.append(f"{rule}: already pinned and in effect")
+                continue
+            # the pin vouched for an earlier change: the rule moves to a pin that vouches for both
+            target = extended.setdefault(id(old), Pin(rules={}, reason=f"{old.reason.rstrip('.')}. Then: {reason}",
+                                                      pinned_at=new.pinned_at, date=new.date))
+            del old.rules[rule], old.code[rule]
+            old.outputs.pop(rule, None)
+            said.append(f"{rule}: its outdated pin extended to this change (code now {h})")
+        else:
+            target = new
+            said.append(f"{rule}: pinned to {made} (code now {h})")
+        target.rules[rule] = made
+        target.code[rule] = h
+        target.outputs[rule] = outputs
+    added = [p for p in [*extended.values(), new] if p.rules]
+    for p in added:
+        p.results_commit = _results_commit([o for outs in p.outputs.values() for o in outs])
+    if added:
+        save([p for p in pins if p.rules] + added, path)
     return said
 
 

@@ -14,13 +14,11 @@ All four: rank 0's parameters and buffers at construction, gradients averaged ov
 
 from __future__ import annotations
 
-import functools
 import math
 
-import torch.distributed as dist
 from torch import nn
 
-from cs336sys.distributed.ddp_base import DDPBase, weak_hook
+from cs336sys.distributed.ddp_base import DDPBase
 from cs336sys.units import MIB
 
 
@@ -54,10 +52,7 @@ class _OverlappingDDP(DDPBase):
     def __init__(self, module: nn.Module, bucket_cap_bytes: float | None):
         super().__init__(module, bucket_cap_bytes)
         self._reset_step()
-        if dist.is_initialized():
-            on_ready = weak_hook(self._on_gradient_ready)
-            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(on_ready, i))
-                           for i, p in enumerate(self._params)]
+        self._hook_gradients()
 
     def _on_gradient_ready(self, index: int, param: nn.Parameter) -> None:
         if not self._sync_enabled:

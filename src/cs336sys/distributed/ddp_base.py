@@ -25,6 +25,7 @@ Rules every variant follows:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -154,6 +155,15 @@ class DDPBase(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
+
+    def _hook_gradients(self) -> None:
+        """Call `self._on_gradient_ready(index, param)` from each trainable parameter's
+        post-accumulate-grad hook, in parameter order, holding the wrapper only weakly (the
+        overlapping wrappers; without a process group there is nothing to start, so no hooks)."""
+        if dist.is_initialized():
+            on_ready = weak_hook(self._on_gradient_ready)
+            self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(on_ready, i))
+                           for i, p in enumerate(self._params)]
 
     @property
     def gradient_groups(self) -> list[list[nn.Parameter]]:

@@ -12,13 +12,14 @@ pointer arithmetic (no block pointers), so the module works across Triton versio
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from cs336sys.optim import AdamW, adamw_update_
 
 BLOCK = 1024
 
@@ -96,16 +97,14 @@ def fused_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tenso
                            HAS_OUT=out_lowp is not None,
                            OUT_BF16=out_lowp is not None and out_lowp.dtype == torch.bfloat16, BLOCK=BLOCK)
         return
-    # Torch ops in the reference's order, so the CPU path is bitwise cs336sys.optim.AdamW.
-    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    param.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(eps), value=-step_size)
-    param.mul_(decay)
+    # the reference's torch ops, so the CPU path is bitwise cs336sys.optim.AdamW
+    adamw_update_(param, grad, exp_avg, exp_avg_sq, step_size=step_size, lr=lr, eps=eps, weight_decay=weight_decay,
+                  beta1=beta1, beta2=beta2)
     if out_lowp is not None:
         out_lowp.view(param.shape).copy_(param)
 
 
-class FusedAdamW(torch.optim.Optimizer):
+class FusedAdamW(AdamW):
     """cs336sys.optim.AdamW with each parameter's update as one `fused_adamw_` call.
 
     `lowp_copies` (or `set_lowp_copy`) maps a parameter to a buffer with as many elements, e.g. a
@@ -114,9 +113,7 @@ class FusedAdamW(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, *, lowp_copies: Mapping[Tensor, Tensor] | None = None):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate {lr}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self._lowp: dict[Tensor, Tensor] = {}
         for p, buffer in (lowp_copies or {}).items():
             self.set_lowp_copy(p, buffer)
@@ -131,26 +128,5 @@ class FusedAdamW(torch.optim.Optimizer):
                              f"shape {tuple(buffer.shape)} strides {buffer.stride()}")
         self._lowp[param] = buffer
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                state["step"] += 1
-                t = state["step"]
-                step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-                fused_adamw_(p, p.grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
-                             lr=lr, eps=eps, weight_decay=wd, beta1=beta1, beta2=beta2,
-                             out_lowp=self._lowp.get(p))
-        return loss
+    def _update(self, param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, **hyper: float) -> None:
+        fused_adamw_(param, grad.contiguous(), exp_avg, exp_avg_sq, out_lowp=self._lowp.get(param), **hyper)
