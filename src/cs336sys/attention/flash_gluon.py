@@ -1,0 +1,148 @@
+"""FlashAttention with a Gluon forward for Hopper GPUs, beside the `triton.language` kernels.
+
+`FlashAttentionGluon.apply(q, k, v, is_causal=False)` takes (batch, seq, d) or (batch, heads, seq, d)
+tensors in bfloat16 or float16 with d in {64, 128} on a Hopper (compute capability 9.0) CUDA GPU, where
+Triton ships Gluon (3.6 on the GPU hosts). The forward is the Gluon kernel
+(`flash_gluon_forward.flash_forward_gluon_kernel`); the backward is the `triton.language` backward
+(`flash_triton.flash_attention_triton_backward`), which takes the same natural-log L. Anything else is
+refused with `GluonUnsupported`, which says why: the `tl` kernels (`flash_triton`) are the fallback
+everywhere the Gluon path cannot run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from cs336sys.attention.inputs import check_attention_inputs
+
+GLUON_DTYPES = (torch.bfloat16, torch.float16)
+GLUON_HEAD_DIMS = (64, 128)
+HOPPER = (9, 0)
+
+
+class GluonUnsupported(ValueError):
+    """The Gluon kernels cannot run these inputs here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class GluonTiles:
+    """One launch of the forward: query rows and keys per tile, ring depth, warps, loop schedule."""
+    block_m: int
+    block_n: int
+    stages: int
+    num_warps: int
+    overlap: bool
+
+    def __str__(self) -> str:
+        schedule = "overlap" if self.overlap else "serial"
+        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.stages}/{schedule}"
+
+
+# The forward's tiles by head dimension. 128 query rows per program as two warpgroups of 64 rows
+# (8 warps), and as many key tiles in the ring as shared memory holds beside Q.
+FORWARD_TILES = {
+    64: GluonTiles(128, 128, 3, 8, True),
+    128: GluonTiles(128, 128, 2, 8, True),
+}
+
+
+def gluon_import_error() -> str | None:
+    """Why Gluon's Hopper layer cannot be imported from this Triton (None: it can)."""
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia import hopper
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError as exc:
+        return f"this Triton has no Gluon Hopper layer ({exc})"
+    missing = [name for name, mod in (("warpgroup_mma", hopper), ("tma", hopper), ("mbarrier", hopper),
+                                      ("NVMMADistributedLayout", gl), ("allocate_shared_memory", gl))
+               if not hasattr(mod, name)]
+    return f"this Triton's Gluon lacks {', '.join(missing)}" if missing else None
+
+
+def gluon_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> str | None:
+    """Why the Gluon forward cannot take these inputs here, or None if it can."""
+    check_attention_inputs(q, k, v, is_causal)
+    if q.dtype not in GLUON_DTYPES:
+        return f"the Gluon kernels take bfloat16 or float16, got {q.dtype}"
+    if q.shape[-1] not in GLUON_HEAD_DIMS:
+        return f"the Gluon kernels support head dimension d in {GLUON_HEAD_DIMS}, got d={q.shape[-1]}"
+    if q.device.type != "cuda":
+        return f"the Gluon kernels need CUDA tensors on a Hopper GPU, got {q.device}"
+    return (capability_refusal(torch.cuda.get_device_capability(q.device), torch.cuda.get_device_name(q.device))
+            or gluon_import_error())
+
+
+def capability_refusal(capability: tuple[int, int], name: str) -> str | None:
+    """Why a GPU of this compute capability cannot run the kernels (None: a Hopper can)."""
+    if tuple(capability) != HOPPER:
+        return (f"the Gluon kernels use Hopper's wgmma and TMA (compute capability 9.0); "
+                f"{name} is {capability[0]}.{capability[1]}")
+    return None
+
+
+def check_gluon_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
+    reason = gluon_refusal(q, k, v, is_causal)
+    if reason is not None:
+        raise GluonUnsupported(reason)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned base, as TMA descriptors need."""
+    t = t if t.is_contiguous() else t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                                  tiles: GluonTiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (q's shape and dtype) and natural-log L (q.shape[:-1], float32) without autograd."""
+    check_gluon_inputs(q, k, v, is_causal)
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from cs336sys.attention.flash_gluon_forward import flash_forward_gluon_kernel
+
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
+    bh = math.prod(lead)
+    tiles = tiles or FORWARD_TILES[d]
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+
+    def descriptor(t: torch.Tensor, rows: int, block_rows: int):
+        flat = t.view(-1, d)
+        layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], element)
+        return TensorDescriptor(flat, [bh * rows, d], [d, 1], [block_rows, d], layout)
+
+    out = torch.empty_like(q)
+    lse = torch.empty(lead + [seq_q], dtype=torch.float32, device=q.device)
+    grid = (bh, math.ceil(seq_q / tiles.block_m))
+    flash_forward_gluon_kernel[grid](
+        descriptor(q, seq_q, tiles.block_m), descriptor(k, seq_k, tiles.block_n), descriptor(v, seq_k, tiles.block_n),
+        out, lse, seq_q, seq_k, 1.4426950408889634 / math.sqrt(d),
+        HEAD_DIM=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
+        OVERLAP=tiles.overlap, num_warps=tiles.num_warps)
+    return out, lse
+
+
+class FlashAttentionGluon(torch.autograd.Function):
+    """`FlashAttentionGluon.apply(q, k, v, is_causal=False)`: the Gluon forward, and the
+    `triton.language` backward (`flash_triton.flash_attention_triton_backward`) from its O and L."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
+        out, lse = flash_attention_gluon_forward(q, k, v, is_causal)
+        ctx.save_for_backward(lse, q, k, v, out)
+        ctx.is_causal = is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        from cs336sys.attention.flash_triton import flash_attention_triton_backward
+
+        lse, q, k, v, out = ctx.saved_tensors
+        dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
+        return dq, dk, dv, None

@@ -1,0 +1,196 @@
+"""The Gluon FlashAttention forward beside cuDNN, SDPA flash and our `triton.language` kernels, one process.
+
+Run on a Hopper GPU host (notes/flash_attention.md, "Gluon kernels (Hopper)"):
+
+    PYTHONPATH=src python3 tools/flash_gluon_bench.py --out $OUT [--shapes lb25,lb26] [--variants all]
+
+1. Each Gluon variant (tiles x ring depth x warps x loop schedule) is checked against float64 at small
+   ragged shapes, causal and not, both head dims, bf16 and fp16 (O and L); a variant that fails to
+   compile or to match is reported and skipped.
+2. At each leaderboard shape, causal bf16: cuDNN and SDPA flash (forward, forward+backward), our
+   pointer kernels with the table's tiles (and at d 128 the 8B step's tiles), and each Gluon variant
+   (forward; forward+backward through `FlashAttentionGluon`, whose backward is the `tl` one).
+   Medians of `triton.testing.do_bench`; ratios to cuDNN's time in this process.
+Rows go to OUT/rows.jsonl; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from cs336sys.attention.flash_configs import BackwardConfig, Tiles
+from cs336sys.attention.flash_gluon import FORWARD_TILES, FlashAttentionGluon, GluonTiles, flash_attention_gluon_forward
+from cs336sys.attention.flash_triton import (
+    FlashAttention2Triton,
+    flash_attention_triton_forward,
+)
+from cs336sys.attention.naive import attention_logsumexp, naive_attention
+from cs336sys.numerics import rel_err
+
+SHAPES = {"lb25": (16, 16384, 64), "lb26": (1, 32, 32768, 128)}
+VARIANTS = {  # name -> tiles per head dim
+    "serial": {64: GluonTiles(128, 128, 3, 8, False), 128: GluonTiles(128, 128, 2, 8, False)},
+    "overlap": {64: GluonTiles(128, 128, 3, 8, True), 128: GluonTiles(128, 128, 2, 8, True)},
+    "overlap_n64": {64: GluonTiles(128, 64, 4, 8, True), 128: GluonTiles(128, 64, 3, 8, True)},
+    "overlap_w4": {64: GluonTiles(64, 128, 3, 4, True), 128: GluonTiles(64, 128, 2, 4, True)},
+}
+CHECK_SHAPES = [  # (leading dims, seq_q, seq_k, causal)
+    ((2, 3), 1000, 1000, True),
+    ((2, 3), 1000, 1000, False),
+    ((3,), 300, 700, True),
+    ((1, 2), 700, 300, True),
+    ((1, 2), 520, 900, False),
+]
+ROWS: list[dict] = []
+OUT: Path
+
+
+def record(**row) -> dict:
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+    with open(OUT / "rows.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def bench(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def check(tiles: GluonTiles, d: int) -> float:
+    """Largest relative error of O and L against float64 over CHECK_SHAPES, bf16 and fp16."""
+    worst = 0.0
+    for dtype in (torch.bfloat16, torch.float16):
+        for lead, seq_q, seq_k, causal in CHECK_SHAPES:
+            q = torch.randn(*lead, seq_q, d, device="cuda", dtype=dtype)
+            k, v = (torch.randn(*lead, seq_k, d, device="cuda", dtype=dtype) for _ in range(2))
+            out, lse = flash_attention_gluon_forward(q, k, v, causal, tiles)
+            q64, k64, v64 = q.double(), k.double(), v.double()
+            err = max(rel_err(out.double(), naive_attention(q64, k64, v64, causal)),
+                      rel_err(lse.double(), attention_logsumexp(q64, k64, causal)))
+            if not math.isfinite(err):
+                return math.inf
+            worst = max(worst, err)
+    return worst
+
+
+def sdpa_rows(shape_name, q, k, v, do) -> float:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if q.dim() == 3:  # the 2025 harness folds heads into the batch; SDPA's fused kernels want 4-D
+        q, k, v, do = (t.unsqueeze(1) for t in (q, k, v, do))
+    cudnn = math.nan
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(backend):
+            fwd = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+            def both(qg=qg, kg=kg, vg=vg):
+                qg.grad = kg.grad = vg.grad = None
+                torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)
+            fb = bench(both)
+        record(shape=shape_name, impl=f"sdpa_{name}", fwd_ms=fwd, fwd_bwd_ms=fb)
+        if name == "cudnn":
+            cudnn = fwd
+            cudnn_fb = fb
+    return cudnn, cudnn_fb
+
+
+def fwd_bwd(cls, q, k, v, do, *extra):
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def run():
+        qg.grad = kg.grad = vg.grad = None
+        cls.apply(qg, kg, vg, True, *extra).backward(do)
+    return bench(run)
+
+
+def main() -> None:
+    global OUT
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", default="lb25,lb26")
+    ap.add_argument("--variants", default="all", help="comma-separated names from VARIANTS, or all")
+    ap.add_argument("--no-baselines", action="store_true", help="skip SDPA and the tl kernels")
+    ap.add_argument("--no-check", action="store_true")
+    args = ap.parse_args()
+    OUT = args.out
+    OUT.mkdir(parents=True, exist_ok=True)
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    record(kind="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+           default_tiles={d: str(t) for d, t in FORWARD_TILES.items()})
+    good = {}
+    for name in names:
+        for d, tiles in VARIANTS[name].items():
+            if args.no_check:
+                good[name, d] = tiles
+                continue
+            try:
+                err = check(tiles, d)
+            except Exception as exc:  # a variant that does not compile is reported, the rest go on
+                traceback.print_exc()
+                record(kind="check", variant=name, d=d, tiles=str(tiles), error=f"{type(exc).__name__}: {exc}"[:2000])
+                continue
+            record(kind="check", variant=name, d=d, tiles=str(tiles), max_rel_err=err, ok=err < 2e-2)
+            if err < 2e-2:
+                good[name, d] = tiles
+
+    table = []
+    for shape_name in args.shapes.split(","):
+        shape = SHAPES[shape_name]
+        *lead, seq, d = shape
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        cudnn_f, cudnn_fb = math.nan, math.nan
+        if not args.no_baselines:
+            cudnn_f, cudnn_fb = sdpa_rows(shape_name, q, k, v, do)
+            table.append((shape_name, "cudnn", "", cudnn_f, cudnn_fb))
+            tl_configs = [("table", None, None)]
+            if d == 128:
+                eight_b = BackwardConfig(64, 128, 128, 64, 8, 3, fused=False)
+                tl_configs.append(("8B tiles", "256x64/w8/s3", str(eight_b)))
+            for label, ft, bt in tl_configs:
+                fconf = Tiles.parse(ft) if ft else None
+                fwd = bench(lambda fconf=fconf, q=q, k=k, v=v:
+                            flash_attention_triton_forward(q, k, v, True, fconf, "tf32"))
+                fb = fwd_bwd(FlashAttention2Triton, q, k, v, do, "tf32", ft, bt)
+                record(shape=shape_name, impl="tl", tiles=label, fwd_ms=fwd, fwd_bwd_ms=fb,
+                       fwd_vs_cudnn=fwd / cudnn_f, fwd_bwd_vs_cudnn=fb / cudnn_fb)
+                table.append((shape_name, f"tl {label}", "", fwd, fb))
+        for name in names:
+            tiles = good.get((name, d))
+            if tiles is None:
+                continue
+            try:
+                fwd = bench(lambda tiles=tiles, q=q, k=k, v=v: flash_attention_gluon_forward(q, k, v, True, tiles))
+                if tiles == FORWARD_TILES[d]:
+                    fb = fwd_bwd(FlashAttentionGluon, q, k, v, do)
+                else:
+                    fb = math.nan
+            except Exception as exc:
+                traceback.print_exc()
+                record(shape=shape_name, impl="gluon", variant=name, error=f"{type(exc).__name__}: {exc}"[:2000])
+                continue
+            record(shape=shape_name, impl="gluon", variant=name, tiles=str(tiles), fwd_ms=fwd, fwd_bwd_ms=fb,
+                   fwd_vs_cudnn=fwd / cudnn_f, fwd_bwd_vs_cudnn=fb / cudnn_fb)
+            table.append((shape_name, f"gluon {name}", str(tiles), fwd, fb))
+        q = k = v = do = None
+        torch.cuda.empty_cache()
+    cudnn = {s: (f, b) for s, impl, _, f, b in table if impl == "cudnn"}
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; causal bf16")
+    print(f"{'shape':6} {'impl':22} {'tiles':28} {'fwd ms':>8} {'x cuDNN':>8} {'f+b ms':>8} {'x cuDNN':>8}")
+    for s, impl, tiles, f, b in table:
+        cf, cb = cudnn.get(s, (math.nan, math.nan))
+        print(f"{s:6} {impl:22} {tiles:28} {f:8.3f} {f / cf:8.3f} {b:8.3f} {b / cb:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
