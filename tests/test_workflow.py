@@ -249,6 +249,7 @@ touch "$GATE/waiting"
 exec sleep 600
 """
 
+
 def _default_sigint() -> None:
     """In the child before exec: Ctrl-C acts even where the test's own shell ignores it (a background job
     without job control), since an ignored signal stays ignored across exec and Python then keeps it so."""
