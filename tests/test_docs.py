@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -271,7 +272,10 @@ def module_help(module: str, subcommands: list[str]) -> str:
     out, argv = io.StringIO(), sys.argv
     sys.argv = [module, *subcommands, "--help"]
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), pytest.raises(SystemExit) as done:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), pytest.raises(SystemExit) as done, \
+                warnings.catch_warnings():
+            # runpy warns that the module was imported before (by another test): its code runs anew here
+            warnings.filterwarnings("ignore", "'cs336sys", RuntimeWarning)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:
         sys.argv = argv
