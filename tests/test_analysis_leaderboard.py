@@ -106,6 +106,27 @@ def test_targets_missed_are_said_so(tmp_path):
     assert [r["met"] for r in ctx["summary"]] == [False, False] and "Targets missed" in text
 
 
+def test_the_summary_and_limitations_name_the_host_the_results_ran_on(tmp_path):
+    gpu = [_point(tmp_path / "gpu", "pytorch_parts", 6000.0, variant="pytorch_parts"),
+           _point(tmp_path / "gpu", "ours", 5500.0)]
+    ctx = leaderboard.build(gpu, tmp_path / "gpu", **GRID)
+    assert ctx["summary"][0]["part"] == "8B training step, our entry (2× H200)"
+    assert "timed on 2 H200s, the only GPUs lent" in ctx["limitations"][0]
+    # the smoke grid: a tiny model as gloo processes on the CPU
+    tiny = {"size": "tiny", "context_length": 32}
+    cpu = [_point(tmp_path / "cpu", "pytorch_parts", 60.0, variant="pytorch_parts", **tiny),
+           _point(tmp_path / "cpu", "ours", 55.0, **tiny)]
+    for path in cpu:
+        r = read_result(path)
+        r["env"].update(gpu=None, gpus=[], device="cpu", cuda=None, gpu_count=0, backend="gloo")
+        write_json_atomic(path, r)
+    ctx = leaderboard.build(cpu, tmp_path / "cpu", **(GRID | tiny))
+    assert [r["part"] for r in ctx["summary"]] == ["tiny training step, our entry (CPU, 2 gloo processes)",
+                                                    "tiny step against PyTorch's parts (same job)"]
+    assert "H200" not in json.dumps(ctx["summary"]) + " ".join(ctx["limitations"])
+    assert "timed on the CPU (2 gloo processes): a check of the pipeline" in ctx["limitations"][0]
+
+
 def test_a_job_without_ours_gives_the_best_config_and_the_gap(tmp_path):
     """A job pairs PyTorch's parts with another config of ours (no `ours` in it): the verdict still
     takes `ours` from the job that has both, the fastest config is reported against its own job's

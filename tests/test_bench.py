@@ -1,3 +1,4 @@
+import re
 import statistics
 import subprocess
 import sys
@@ -65,6 +66,9 @@ def test_cli_prints_a_summary_and_rejects_bad_input():
     assert bad.returncode != 0 and "known sizes" in bad.stderr
     helptext = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--help"], capture_output=True, text=True)
     assert "(default: 512)" in helptext.stdout and "(default: forward_backward)" in helptext.stdout
+    options = re.split(r"\n  (?=-)", helptext.stdout.split("\noptions:\n")[1])
+    twice = [o.split()[0] for o in options if o.count("default") > 1]
+    assert twice == [] and len(options) > 10  # each option's default said once
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")

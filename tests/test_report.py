@@ -38,6 +38,23 @@ def test_the_smoke_report_says_what_it_is_on_its_first_line_and_on_every_page(tm
     assert "<!-- grid: smoke -->" in text  # the PDF's running header
 
 
+def test_the_smoke_reports_first_page_holds_its_disclaimer_and_summary_and_every_page_its_header(tmp_path):
+    import pypdf
+
+    from cs336sys.writeup.typst import render_pdf
+
+    md = tmp_path / "writeup" / "report.md"
+    render_markdown(sections(tmp_path), TEMPLATES, md, grid="smoke")
+    render_pdf(md, tmp_path / "report.pdf")
+    pages = [page.extract_text() for page in pypdf.PdfReader(tmp_path / "report.pdf").pages]
+    assert len(pages) > 2 and all(p.startswith("CPU smoke grid: a pipeline check, not results\n") for p in pages)
+    assert "This is the report of the CPU smoke grid" in pages[0] and "\nSummary\n" in pages[0]
+    main = tmp_path / "main" / "report.md"
+    render_markdown(sections(tmp_path / "main"), TEMPLATES, main)
+    render_pdf(main, tmp_path / "main.pdf")
+    assert "smoke grid" not in pypdf.PdfReader(tmp_path / "main.pdf").pages[1].extract_text()
+
+
 def test_unknown_section_directory_is_an_error(tmp_path):
     d = tmp_path / "sections" / "nonsense"
     d.mkdir(parents=True)

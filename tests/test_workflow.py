@@ -139,7 +139,8 @@ def test_a_stale_gpu_experiment_on_a_cpu_host_changes_nothing(repo_copy):
     peak = repo_copy / "src" / "cs336sys" / "peak.py"
     original = peak.read_text()
     before = tree_digest(repo_copy, "results", ".snakemake/metadata", "benchmarks")
-    peak.write_text(original + "\n# an edit on a laptop\n")
+    assert "for _ in range(5):" in original
+    peak.write_text(original.replace("for _ in range(5):", "for _ in range(6):", 1))  # one more warm-up product
     try:
         proc = snakemake(repo_copy, "-c1", "writeup/report.pdf", check=False)
     finally:
@@ -238,35 +239,67 @@ def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
     assert scheduled(repo_copy, *SMOKE) <= CHEAP
 
 
+# Stands in for the interpreter of every job (the workflow reads it from CS336SYS_PYTHON, which no rule's
+# text or code hash includes). The first job runs through. The next one runs its command to the end, all
+# its files written, then says so and blocks until it is interrupted: the test interrupts at that moment,
+# one job finished and one whose files exist but which Snakemake has not seen finish.
+GATED_PYTHON = """#!/bin/sh
+if mkdir "$GATE/first" 2>/dev/null; then exec "$REAL_PYTHON" "$@"; fi
+"$REAL_PYTHON" "$@" || exit
+touch "$GATE/waiting"
+exec sleep 600
+"""
+
+
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C acts even where the test's own shell ignores it (a background job
+    without job control), since an ignored signal stays ignored across exec and Python then keeps it so."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(tmp_path):
     """Two snakemake runs in one checkout: the second is refused with the lock message. Ctrl-C in the
-    middle of a grid: the next dry run lists the interrupted job and those not started, none that
-    finished, and they re-run without a manual unlock or cleanup."""
+    middle of a grid (one job finished, the next one running): the next dry run lists the interrupted job
+    and those not started, none that finished, and they re-run without a manual unlock or cleanup."""
     import signal
     import time
 
     repo = copy_pipeline(tmp_path / "clone")
-    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
-    first = subprocess.Popen([sys.executable, "-m", "snakemake", "-c1", *SMOKE], cwd=repo, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    smoke = repo / "smoke"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    python = tmp_path / "gated-python"
+    python.write_text(GATED_PYTHON)
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "CS336SYS_PYTHON": str(python),
+           "GATE": str(gate), "REAL_PYTHON": sys.executable}
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log_file:
+        # Its own session, as a terminal's foreground job is its own process group: Ctrl-C reaches
+        # Snakemake and its running job together, and never this test.
+        first = subprocess.Popen([sys.executable, "-m", "snakemake", "-c1", *SMOKE], cwd=repo, env=env,
+                                 stdout=log_file, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                 preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 300
-        while not list((smoke / "results").rglob("*.json")) and time.monotonic() < deadline:
-            time.sleep(0.5)  # the first job has written a result: the grid is under way
-        assert first.poll() is None, "the grid ended before it could be interrupted"
+        while not ((gate / "waiting").exists() and "Finished jobid" in log_path.read_text()):
+            assert first.poll() is None, "the grid ended before it could be interrupted:\n" + log_path.read_text()
+            assert time.monotonic() < deadline, "no job finished, or none started after it, in 300 s"
+            time.sleep(0.2)
         second = snakemake(repo, "-c1", *SMOKE, check=False)
         assert second.returncode != 0 and "cannot be locked" in second.stdout + second.stderr
-        first.send_signal(signal.SIGINT)
+        os.killpg(first.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         first.wait(timeout=120)
     finally:
         if first.poll() is None:
-            first.kill()
-    log = first.stdout.read()
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    log = log_path.read_text()
     started = set(re.findall(r"^(?:local)?rule (\w+):", log, re.M))
     finished = {rule for rule in re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", log)}
-    assert finished and started - finished, log[-3000:]  # some jobs done, one cut off
+    assert first.returncode != 0 and len(finished) == 1 and len(started - finished) == 1, log[-3000:]
     todo = scheduled(repo, *SMOKE)  # no --rerun-incomplete, no --unlock
     assert not todo & finished and started - finished <= todo and "report_pdf" in todo
 

@@ -118,11 +118,6 @@ def test_a_caption_without_its_table_is_an_error():
         typst.to_pandoc(md)
 
 
-def test_the_smoke_report_gets_a_running_header():
-    src, _ = typst.to_pandoc("# CPU smoke grid\n\n<!-- grid: smoke -->\n\ntext\n")
-    assert "CPU smoke grid: a pipeline check, not results" in src.split("\ntext\n")[0]
-
-
 CAPTION = '<a id="tbl-t"></a>**Table 1.** Caption.\n\n'
 
 

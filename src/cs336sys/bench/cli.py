@@ -71,7 +71,13 @@ def refuse_if_it_cannot_fit(settings: BenchSettings) -> str | None:
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+    """Each option's default once: argparse's own, unless the help already says it (a default that
+    depends on another option or on the machine) or the option is a flag."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "default" in (action.help or "") or action.default is None or isinstance(action.default, bool):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=["ours", "torch_fused"], default="ours",
                    help="our AdamW, or torch.optim.AdamW(fused=True) (GPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="cuda or cpu (cuda when a GPU is visible here)")
+                   help="cuda or cpu (default: cuda where a GPU is visible, else cpu)")
     p.add_argument("--json", action="store_true", help="print the settings and every metric as JSON, nothing else")
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
                    help="warm-up and timed steps on stderr as they run (auto: when stderr is a terminal)")

@@ -54,7 +54,6 @@ def to_pandoc(md: str) -> tuple[str, str | None]:
     out: list[str] = []
     title = None
     slugs: dict[str, int] = {}
-    smoke = "<!-- grid: smoke -->" in md
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -122,11 +121,16 @@ def to_pandoc(md: str) -> tuple[str, str | None]:
             continue
         out.append(line)
         i += 1
-    if smoke:
-        out.insert(0, _raw(SMOKE_HEADER))
     return "\n".join(out), title
 
 
+def is_smoke(md: str) -> bool:
+    """The smoke grid's report (its template marks it): every page gets SMOKE_HEADER."""
+    return "<!-- grid: smoke -->" in md
+
+
+# In the preamble, before pandoc's template sets out the title: a `set page` rule in the body would
+# end the title's page there, leaving page 1 with the title alone.
 SMOKE_HEADER = """#set page(header: align(center, text(size: 8pt, fill: rgb("#a00000"))[
   CPU smoke grid: a pipeline check, not results]))"""
 
@@ -174,7 +178,8 @@ def _compile(markdown: Path, **typst_args):
     import pypandoc
     import typst
 
-    source, title = to_pandoc(markdown.read_text())
+    md = markdown.read_text()
+    source, title = to_pandoc(md)
     root = Path(os.path.commonpath([markdown.resolve().parent.parent, Path.cwd().resolve()]))
     meta = {"papersize": layout.PAPER, "fontsize": f"{layout.BODY_PT}pt", "page-numbering": "1",
             "margin": {"x": f"{layout.MARGIN_X_CM}cm", "y": f"{layout.MARGIN_Y_CM}cm"}}
@@ -184,11 +189,12 @@ def _compile(markdown: Path, **typst_args):
         tmp = Path(tmp)
         (tmp / "page.yaml").write_text(json.dumps(meta))  # JSON is YAML
         (tmp / "style.typ").write_text(STYLE)
+        (tmp / "header.typ").write_text(SMOKE_HEADER if is_smoke(md) else "")
         # --columns: pipe tables keep their natural widths (a long source line would make pandoc give
         # them relative widths) and the Typst source is not re-wrapped.
         typ_source = pypandoc.convert_text(source, "typst", format=READER, extra_args=[
             "--standalone", "--columns=100000", f"--metadata-file={tmp / 'page.yaml'}",
-            f"--include-before-body={tmp / 'style.typ'}"])
+            f"--include-in-header={tmp / 'header.typ'}", f"--include-before-body={tmp / 'style.typ'}"])
         # Next to the Markdown, so the image paths resolve as they do from the Markdown.
         with tempfile.NamedTemporaryFile("w", suffix=".typ", dir=markdown.parent, delete=False) as f:
             f.write(typ_source)
