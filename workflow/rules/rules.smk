@@ -55,7 +55,6 @@ if _missing:
 _missing = sorted(set(registry.EXPERIMENTS) - DECLARED_EXPERIMENTS)
 if _missing:
     raise WorkflowError(f"experiments {_missing} are in cs336sys.registry.EXPERIMENTS but no rule file runs them")
-TEMPLATES = os.path.relpath(os.path.join(REPO, "writeup", "templates"), os.getcwd())
 
 
 rule report_markdown:
@@ -76,10 +75,12 @@ rule report_markdown:
         pins=json.dumps(pins_lib.for_report(
             PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
             experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS}), sort_keys=True),
+        # the templates' folder, the one all of them share (derived from the inputs: no rerun trigger of its own)
+        templates=lambda wildcards, input: os.path.commonpath(input.templates),
     log:
         f"{VIEW}logs/report/markdown.log",
     shell:
-        '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {TEMPLATES:q} '
+        '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {params.templates:q} '
         "--grid {params.grid} --pins {params.pins:q} --out {output:q} > {log} 2>&1"
 
 
@@ -99,8 +100,8 @@ rule report_pdf:
 
 
 onstart:
-    refuse_corrupt_results(workflow)
-    refuse_experiments_this_host_cannot_run(workflow)
+    refuse_corrupt_results(workflow, EXPERIMENT_JOBS, REPO)
+    refuse_experiments_this_host_cannot_run(workflow, EXPERIMENT_JOBS, DEVICE)
 
 
 onsuccess:
