@@ -18,6 +18,7 @@ sys.path.insert(0, SRC)
 from cs336sys import pins as pins_lib  # noqa: E402
 from cs336sys import registry  # noqa: E402
 from cs336sys.codehash import code_hash  # noqa: E402
+from cs336sys.writeup.items import WRITEUP, ReportIndex  # noqa: E402
 from cs336sys.workflow_helpers import (  # noqa: E402
     ExperimentJob,
     export_job_environment,
