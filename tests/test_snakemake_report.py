@@ -137,6 +137,18 @@ def test_write_gives_each_file_its_caption_and_the_report_laid_tables_files_of_t
     assert index.subcategory("benchmarking", "timing.png") == items.OTHER_FILES
 
 
+def test_a_figure_outside_the_section_folders_is_refused(tmp_path):
+    dirs = write_sections(tmp_path)
+    report = tmp_path / "writeup" / "report.md"
+    report.write_text(REPORT.replace("../results/sections/benchmarking/warmup.png", "elsewhere/warmup.png"))
+    try:
+        items.write(report, dirs, tmp_path / "out")
+    except ValueError as e:
+        assert "figure 1" in str(e)
+    else:
+        raise AssertionError("a figure no rule makes was accepted")
+
+
 def test_a_caption_that_cannot_be_quoted_is_refused():
     try:
         items.caption_template([("a.csv", "{% endraw %}")], "other")

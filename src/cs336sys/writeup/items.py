@@ -248,6 +248,10 @@ def write(report: Path, section_dirs: list[Path], out: Path) -> list[Item]:
     for stale in out.glob("*.rst"):
         stale.unlink()
     own = [i for i in items if i.file is None]
+    for item in own:
+        if item.kind == "figure":
+            raise ValueError(f"figure {item.number} ({item.image}) is not in a section folder: Snakemake's report "
+                             "lists only files a rule makes; put the image in its section's folder")
     own_ids = {id(i) for i in own}
     for item in own:
         write_atomic(tables / f"{item.key}.csv", table_csv(item.body))
