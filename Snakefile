@@ -8,6 +8,10 @@
 configfile: f"{workflow.basedir}/config.yaml"
 
 
+# what `snakemake --report report.html` says first (every table and figure of the writeup follows)
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 
 
@@ -31,3 +35,5 @@ rule all:
     default_target: True
     input:
         f"{VIEW}writeup/report.pdf",
+        # the index of the report's tables and figures that Snakemake's report reads (made with report.md)
+        REPORT_ITEMS,

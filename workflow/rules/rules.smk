@@ -28,6 +28,15 @@ for _job in EXPERIMENT_JOBS:
             EXPERIMENT
 
 
+# Snakemake's own report (`snakemake --report report.html`): every numbered table and figure of the
+# writeup, with the caption, section (category) and heading (subcategory) the rendered report gives it,
+# and the provenance of the rule that made its file. report_markdown writes the index of those items
+# beside the report (cs336sys.writeup.items); it is read only when a report is made. Report flags are no
+# rerun trigger.
+REPORT_ITEMS = f"{VIEW}writeup/report_items"
+REPORT_INDEX = ReportIndex(os.path.join(REPORT_ITEMS, "index.json"))
+
+
 for _name, _section in SECTION_INPUTS.items():
 
     rule:
@@ -37,7 +46,15 @@ for _name, _section in SECTION_INPUTS.items():
         input:
             _section["inputs"],
         output:
-            directory(f"{VIEW}results/sections/{_name}"),
+            report(
+                directory(f"{VIEW}results/sections/{_name}"),
+                patterns=["{name}.{ext,csv|png}"],
+                caption=os.path.abspath(os.path.join(REPORT_ITEMS, f"{_name}.rst")),
+                category=lambda wildcards, s=_name: REPORT_INDEX.category(
+                    s, f"{wildcards.name}.{wildcards.ext}", registry.section(s).title),
+                subcategory=lambda wildcards, s=_name: REPORT_INDEX.subcategory(s, f"{wildcards.name}.{wildcards.ext}"),
+                labels=lambda wildcards, s=_name: REPORT_INDEX.labels(s, f"{wildcards.name}.{wildcards.ext}"),
+            ),
         params:
             section=_name,
             extra=json.dumps(_section["extra"], sort_keys=True),
@@ -62,7 +79,6 @@ if _missing:
 _missing = sorted(set(registry.EXPERIMENTS) - DECLARED_EXPERIMENTS)
 if _missing:
     raise WorkflowError(f"experiments {_missing} are in cs336sys.registry.EXPERIMENTS but no rule file runs them")
-TEMPLATES = os.path.relpath(os.path.join(REPO, "writeup", "templates"), os.getcwd())
 
 
 rule report_markdown:
@@ -75,27 +91,46 @@ rule report_markdown:
             for p in glob.glob(os.path.join(REPO, "writeup", "templates", "**", "*.j2"), recursive=True)
         ),
     output:
-        f"{VIEW}writeup/report.md",
+        md=f"{VIEW}writeup/report.md",
+        # the report's numbered tables and figures for Snakemake's report (the tables it lays out itself too)
+        report_items=report(
+            directory(REPORT_ITEMS),
+            patterns=["tables/{name}.{ext,csv}"],
+            caption=os.path.abspath(os.path.join(REPORT_ITEMS, "report.rst")),
+            category=lambda wildcards: REPORT_INDEX.category(None, f"{wildcards.name}.{wildcards.ext}", WRITEUP),
+            subcategory=lambda wildcards: REPORT_INDEX.subcategory(None, f"{wildcards.name}.{wildcards.ext}"),
+            labels=lambda wildcards: REPORT_INDEX.labels(None, f"{wildcards.name}.{wildcards.ext}"),
+        ),
     params:
-        code=code_hash("cs336sys.report", "cs336sys.deliverables"),
+        code=code_hash("cs336sys.report", "cs336sys.deliverables", "cs336sys.writeup.items"),
         grid=REPORT_GRID,
         # the pins in effect, as the report lists them (a pin spent or added changes the report)
         pins=json.dumps(pins_lib.for_report(
             PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
             experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS}), sort_keys=True),
+        # the templates' folder, the one all of them share (derived from the inputs: no rerun trigger of its own)
+        templates=lambda wildcards, input: os.path.commonpath(input.templates),
     log:
         f"{VIEW}logs/report/markdown.log",
     shell:
-        '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {TEMPLATES:q} '
-        "--grid {params.grid} --pins {params.pins:q} --out {output:q} > {log} 2>&1"
+        '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {params.templates:q} '
+        "--grid {params.grid} --pins {params.pins:q} --out {output.md:q} > {log} 2>&1 && "
+        '"$CS336SYS_PYTHON" -m cs336sys.writeup.items {output.md:q} --sections {input.sections:q} '
+        "--out {output.report_items:q} >> {log} 2>&1"
 
 
 rule report_pdf:
     localrule: True
     input:
-        rules.report_markdown.output,
+        rules.report_markdown.output.md,
     output:
-        f"{VIEW}writeup/report.pdf",
+        report(
+            f"{VIEW}writeup/report.pdf",
+            caption="../report/writeup.rst",
+            category=WRITEUP,
+            subcategory="The report",
+            labels={"in the writeup": "the whole report", "file": "report.pdf"},
+        ),
     params:
         code=code_hash("cs336sys.report"),
     log:
@@ -106,8 +141,8 @@ rule report_pdf:
 
 
 onstart:
-    refuse_corrupt_results(workflow)
-    refuse_experiments_this_host_cannot_run(workflow)
+    refuse_corrupt_results(workflow, EXPERIMENT_JOBS, REPO)
+    refuse_experiments_this_host_cannot_run(workflow, EXPERIMENT_JOBS, DEVICE)
 
 
 onsuccess:
