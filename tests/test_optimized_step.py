@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from cs336sys.accounting.roofline import step_bytes, step_roofline
+from cs336sys.attention.naive import naive_causal_attention
 from cs336sys.sizes import ModelSize, parameter_count
-from cs336sys.training.optimized import TECHNIQUES, OptimizedSpec, build_optimized_step
+from cs336sys.training.optimized import TECHNIQUES, OptimizedSpec, build_optimized_step, pad_head_dim
 from cs336sys.training.step import StepSpec, build_step
 
 LR = 1e-3  # both optimizers' default
@@ -81,6 +82,29 @@ def test_spec_rejects_bf16_weights_without_the_fused_forward():
         OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights"))
     with pytest.raises(ValueError, match="unknown techniques"):
         OptimizedSpec("tiny", 32, techniques=("graphs",))
+
+
+def test_padding_the_head_dimension_keeps_attention_and_its_gradients(fresh_seed):
+    # d_head 80 (the "2.7B"'s) through an attention that only takes 16/32/64/128, in float64
+    q, k, v = (torch.randn(2, 3, 40, 80, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    seen = []
+
+    def only_pow2(q, k, v):
+        seen.append(q.shape[-1])
+        assert q.shape[-1] in (16, 32, 64, 128)
+        return naive_causal_attention(q, k, v)
+
+    grad = torch.randn(2, 3, 40, 80, dtype=torch.float64)
+    out = pad_head_dim(only_pow2)(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    ref = naive_causal_attention(q, k, v)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
+    assert seen == [128]
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
+    with pytest.raises(ValueError, match="above the largest"):
+        pad_head_dim(only_pow2)(*(t[..., :1].expand(2, 3, 40, 200) for t in (q, k, v)))
 
 
 @pytest.mark.gpu

@@ -14,7 +14,8 @@ built by it. The techniques, in the order the benchmark adds them (`TECHNIQUES`)
   (RMSNorm, the SwiGLU gate and RoPE as one Triton kernel each way), eager (those kernels are what
   compiling the blocks fused before);
 - `flash`: our causal Triton FlashAttention-2 (`cs336sys.attention.flash_triton`) instead of the
-  naive attention's materialised scores;
+  naive attention's materialised scores; a head dimension the kernels do not take (the "2.7B"'s 80)
+  is zero-padded to the next one they do (`pad_head_dim`);
 - `bf16_weights`: the matrices (projections, SwiGLU, LM head) are used through bf16 copies kept
   from step to step, which the optimizer rewrites in its own pass (`fused_adamw_`'s `out_lowp`),
   instead of autocast casting each fp32 weight in every forward; their gradients arrive in bf16 and
@@ -39,13 +40,14 @@ from torch import Tensor, nn
 
 from cs336sys.dtypes import autocast
 from cs336sys.leaderboard.adamw import FusedAdamW, fused_adamw_
-from cs336sys.model import TransformerBlock, TransformerLM
+from cs336sys.model import AttentionFn, TransformerBlock, TransformerLM
 from cs336sys.optim import cross_entropy
 from cs336sys.sizes import get_size
 from cs336sys.training.step import COMPILE, StepSpec, build_step
 
 TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights")
 NEEDS = {"bf16_weights": ("fused_adamw", "fused_elementwise")}
+FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
             "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
 
@@ -235,6 +237,24 @@ def bf16_block_forward(block: TransformerBlock, params: dict[str, Tensor], x: Te
     return x + gate @ params["ffn.w2.weight"].T
 
 
+def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
+    """`attention` for any head dimension up to max(head_dims): q, k, v zero-padded to the next one it
+    takes, and the output cut back. Zero columns add nothing to q k^T, and the padded output columns
+    are zero; q is scaled by sqrt(padded / d) so that the kernel's 1 / sqrt(padded) is 1 / sqrt(d)."""
+
+    def padded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        d = q.shape[-1]
+        if d in head_dims:
+            return attention(q, k, v)
+        width = min((w for w in head_dims if w > d), default=None)
+        if width is None:
+            raise ValueError(f"head dimension {d} is above the largest the attention takes ({max(head_dims)})")
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - d))  # noqa: E731
+        return attention(pad(q * math.sqrt(width / d)), pad(k), pad(v))[..., :d]
+
+    return padded
+
+
 # ---------------------------------------------------------------------------------------- building
 
 
@@ -243,7 +263,9 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
     same weights and tokens as `build_step` for the same size and seed), then the techniques applied."""
     attention_fn = None
     if spec.uses("flash"):
-        from cs336sys.attention.flash_triton import flash_causal_attention as attention_fn
+        from cs336sys.attention.flash_triton import flash_causal_attention
+
+        attention_fn = pad_head_dim(flash_causal_attention)
     factory, optimizer_name = None, "ours"
     if spec.uses("bf16_weights"):
         factory, optimizer_name = (lambda params: MasterCopyAdamW(params, {})), "fused_triton_bf16_copies"
