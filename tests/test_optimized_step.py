@@ -138,3 +138,22 @@ def test_roofline_of_the_27b_step():
     assert r.matmul_ms == pytest.approx(57.227, abs=1e-3)
     assert r.memory_ms == pytest.approx(36.339, abs=1e-3)
     assert r.total_ms == pytest.approx(93.566, abs=1e-3)
+
+
+def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step
+
+    assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) == {}
+    rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
+             "configuration": name, "median_ms": step, "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
+             "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0}}
+            for name, fb, step in [("fused_adamw", 100.0, 133.0), ("plain", 100.0, 190.0)]]
+    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)["optimized"]
+    # the H100 preset's 3.0 TB/s, not the point's own 2.6: 57.23 + 36.34 ms
+    assert ctx["copy_sources"] == ["h100 preset"]
+    lines = ctx["table"].splitlines()
+    assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
+    assert lines[2].endswith("| 93.6 | 2.03 |") and lines[3].endswith("| 93.6 | 1.42 |")
+    assert ctx["best"]["2.7B"]["last_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
