@@ -147,9 +147,11 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
 
     assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) == {}
     rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
-             "configuration": name, "median_ms": step, "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
+             "configuration": name, "techniques": techniques, "median_ms": step, "env.gpu": "NVIDIA H100 80GB HBM3",
+             "copy_bytes_per_s": 2.6e12,
              "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0}}
-            for name, fb, step in [("fused_adamw", 100.0, 133.0), ("plain", 100.0, 190.0)]]
+            for name, techniques, fb, step in [("fused_adamw", ["fused_adamw"], 100.0, 133.0),
+                                               ("plain", [], 100.0, 190.0)]]
     ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)["optimized"]
     # the H100 preset's 3.0 TB/s, not the point's own 2.6: 57.23 + 36.34 ms
     assert ctx["copy_sources"] == ["h100 preset"]

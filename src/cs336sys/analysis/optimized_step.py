@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.accounting.hardware import preset_for_gpu
-from cs336sys.accounting.roofline import step_roofline
+from cs336sys.accounting.roofline import BYTES_PER_PARAMETER, step_roofline
 from cs336sys.analysis.common import figure, save_figure, save_table, size_key
 
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
@@ -58,20 +58,22 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                         "gpu": r.get("env.gpu") or r.get("env.cpu")})
         rows.append(row)
     data = pd.DataFrame(rows)
-    order = list(LABELS)
-    data = data.sort_values(["size", "configuration"], key=lambda c: size_key(c) if c.name == "size"
-                            else c.map(lambda v: order.index(v) if v in order else len(order)))
+    data["added"] = [len(t) for t in series["techniques"]] if "techniques" in series else 0
+    data = data.sort_values(["size", "added"], key=lambda c: size_key(c) if c.name == "size" else c)
     printed = data.assign(configuration=data.configuration.map(lambda c: LABELS.get(c, c)))
     printed["x roofline"] = [f"{s / r:.2f}" if r == r and r else "" for s, r in
                              zip(printed.step_ms, printed.roofline_ms.astype(float), strict=True)]
     printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
                                       "step_ms": "step (ms)", "roofline_ms": "roofline (ms)"})
+    printed = printed.drop(columns="added")
     columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
                            "roofline (ms)", "x roofline"] if c in printed]
     ctx = {"table": save_table(printed[columns], out, "optimized_step", digits=1, data=data),
            "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
            "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
-           "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"]))}
+           "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
+           "context_lengths": sorted({int(c) for c in series["context_length"]}),
+           "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values())}
     ok = data[data.status == "ok"]
     if not ok.empty:
         ctx["figure"] = _waterfall(ok, out)
