@@ -107,6 +107,14 @@ def test_padding_the_head_dimension_keeps_attention_and_its_gradients(fresh_seed
         pad_head_dim(only_pow2)(*(t[..., :1].expand(2, 3, 40, 200) for t in (q, k, v)))
 
 
+def test_padding_the_head_dimension_compiles_in_one_graph():
+    # the "+ flash" configuration runs it inside blocks compiled with torch.compile
+    q, k, v = (torch.randn(1, 2, 8, 80) for _ in range(3))
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(pad_head_dim(naive_causal_attention))(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
 def test_optimized_step_matches_the_plain_step_on_gpu(fresh_seed):

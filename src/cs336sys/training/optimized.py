@@ -246,9 +246,10 @@ def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD
         d = q.shape[-1]
         if d in head_dims:
             return attention(q, k, v)
-        width = min((w for w in head_dims if w > d), default=None)
-        if width is None:
+        wider = sorted(w for w in head_dims if w > d)  # (not min(..., default=): a graph break under compile)
+        if not wider:
             raise ValueError(f"head dimension {d} is above the largest the attention takes ({max(head_dims)})")
+        width = wider[0]
         pad = lambda t: torch.nn.functional.pad(t, (0, width - d))  # noqa: E731
         return attention(pad(q * math.sqrt(width / d)), pad(k), pad(v))[..., :d]
 
