@@ -2,11 +2,11 @@
 
     spec = OptimizedSpec("2.7B", 512, techniques=("fused_adamw", "fused_elementwise", "flash", "bf16_weights"))
     step = build_optimized_step(spec, "cuda:0")
-    loss = step.run()                       # zero-free step: forward+backward, optimizer, zero_grad
+    loss = step.run()                       # one whole step: forward+backward, optimizer, zero_grad
 
 With no techniques this is `cs336sys.training.step.build_step`'s bf16 train step (autocast, our
 per-parameter AdamW, the model's own forward, compiled per block by default), and the step is
-built by it. The techniques, in the order the benchmark adds them (`TECHNIQUES`):
+built by it. The techniques (`TECHNIQUES`; the benchmark's series in config.yaml adds them in its own order):
 
 - `fused_adamw`: `cs336sys.leaderboard.adamw.FusedAdamW`, one Triton kernel per parameter tensor
   (p, g, m, v read once, p, m, v written once) instead of seven torch ops;
@@ -21,7 +21,9 @@ built by it. The techniques, in the order the benchmark adds them (`TECHNIQUES`)
   instead of autocast casting each fp32 weight in every forward; their gradients arrive in bf16 and
   are upcast inside the optimizer's kernel. The residual stream, the norms' weights and the
   embedding stay fp32, as under autocast; autocast stays on (it then casts nothing, but still runs
-  the naive attention's softmax in fp32). Needs `fused_adamw` and `fused_elementwise`.
+  the naive attention's softmax in fp32). Needs `fused_adamw`. With the fused forward the norms
+  write bf16 directly; with the model's own forward (compiled or not) the copies replace the fp32
+  matrices through `torch.func.functional_call`, and that forward is otherwise the plain one.
 
 Exactness: under autocast a weight's gradient is the bf16 product's, upcast by the cast's backward,
 so `bf16_weights` computes the same gradients; the fused kernels round once where the model's ops
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from cs336sys.dtypes import autocast
 from cs336sys.leaderboard.adamw import FusedAdamW, fused_adamw_
@@ -46,7 +49,7 @@ from cs336sys.sizes import get_size
 from cs336sys.training.step import COMPILE, StepSpec, build_step
 
 TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights")
-NEEDS = {"bf16_weights": ("fused_adamw", "fused_elementwise")}
+NEEDS = {"bf16_weights": ("fused_adamw",)}
 FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
             "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
@@ -75,6 +78,9 @@ class OptimizedSpec:
                 raise ValueError(f"{technique} needs {', '.join(missing)} too")
         if self.compile not in COMPILE:
             raise ValueError(f"unknown compile mode {self.compile!r}; known: {', '.join(COMPILE)}")
+        if self.uses("bf16_weights") and not self.uses("fused_elementwise") and self.compile == "full":
+            raise ValueError("bf16_weights swaps the model's matrices for their copies, which a whole-model "
+                             "compile would not see; use compile 'blocks' or 'eager'")
 
     @property
     def batch(self) -> int:
@@ -152,9 +158,18 @@ class OptimizedStep:
         h = rms_norm_to(x, model.ln_final.weight, model.ln_final.eps, torch.bfloat16)
         return h @ self.head_weight.T
 
+    def _model_logits(self) -> Tensor:
+        if not self.spec.uses("bf16_weights"):
+            return self.module(self.tokens)
+        weights = {f"layers.{i}.{name}": p for i, params in enumerate(self.block_params)
+                   for name, p in params.items() if name in MATRICES}
+        # the blocks compiled in place (compile "blocks") see the copies as their inputs
+        return functional_call(self.model, {**weights, "lm_head.weight": self.head_weight}, (self.tokens,),
+                               strict=False)
+
     def forward_backward(self) -> Tensor:
         with autocast("bf16", self.device):
-            logits = self._fused_logits() if self.spec.uses("fused_elementwise") else self.module(self.tokens)
+            logits = self._fused_logits() if self.spec.uses("fused_elementwise") else self._model_logits()
             loss = cross_entropy(logits, self.targets)
         loss.backward()
         return loss.detach()
