@@ -129,10 +129,12 @@ def test_padding_the_head_dimension_compiles_in_one_graph():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
-def test_optimized_step_matches_the_plain_step_on_gpu(fresh_seed):
-    # Every technique, Triton kernels and our flash on the GPU, against the plain step compiled per block.
+@pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights")])
+def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
+    # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
+    # the compiled blocks), against the plain step compiled per block.
     plain = two_steps_plain("small", 256, fresh_seed, "cuda", compile_mode="blocks")
-    optimized = two_steps_optimized("small", 256, fresh_seed, "cuda", TECHNIQUES)
+    optimized = two_steps_optimized("small", 256, fresh_seed, "cuda", techniques, compile_mode="blocks")
     assert_close_to_plain(plain, optimized, loss_rtol=1e-2, max_flipped=0.05)
 
 
