@@ -40,9 +40,24 @@ for size in SWEEP["sizes"]:
 PEAK_POINTS = [dict(dtype=d, n=PEAK["n"], device=DEVICE) for d in PEAK["dtypes"]]
 experiment_job("matmul_peak", "", PEAK_POINTS, [f"results/peak/{p['dtype']}.json" for p in PEAK_POINTS])
 
+# The optimised-step series: per size, one process runs the configurations in order, each adding one
+# technique to the one before ("plain" adds none): cs336sys.training.optimized.
+OPT = GRID.get("optimized_step") or {"sizes": []}
+for size in OPT["sizes"]:
+    techniques, points = [], []
+    for name in OPT.get("series", []):
+        techniques = techniques + ([] if name == "plain" else [name])
+        points.append(dict(size=size, context_length=OPT["context_length"], configuration=name,
+                           techniques=techniques, compile=OPT["compile"], warmup=OPT["warmup"], steps=OPT["steps"],
+                           device=DEVICE))
+    experiment_job("optimized_step", size, points,
+                   [f"results/optimized_step/{size}/{p['configuration']}.json" for p in points])
+if not OPT["sizes"]:
+    experiment_job("optimized_step", "", [], [])  # declared; the main grid has no points until measured
+
 section(
     "benchmarking",
     # the pipeline-overhead table reads every job's wall-clock record
-    results_of("benchmarking", "warmup", "matmul_peak")
+    results_of("benchmarking", "warmup", "matmul_peak", "optimized_step")
     + timings_of("benchmarking", "warmup", "matmul_peak", "mixed_precision_accumulation", "autocast_dtypes"),
 )

@@ -9,5 +9,6 @@
     questions      the 2026 handout's section 8 problems and fsdp_accounting (a)
     communication_accounting   the 2025 handout's problem of that name
     plan           the calculator behind `python -m cs336sys.accounting`
+    roofline       one training step's floor on one GPU: matmul FLOPs + the optimizer's bytes
     checks         predicted against measured (the model's tensors, FlopCounterMode, our results)
 """

@@ -19,6 +19,7 @@ from cs336sys.analysis.common import (
     save_table,
     size_key,
 )
+from cs336sys.analysis.optimized_step import optimized_step
 
 HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than this waits on the host
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
@@ -131,6 +132,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
                          for _, r in bench[bench.status == "oom"].iterrows()]
     ctx.update(_warmup(warm, out))
     ctx.update(_overhead(paths, bench, warm, out))
+    ctx.update(optimized_step(frame, peaks, out))  # nothing without the series' results
     if not ok.empty:
         ctx["figures"]["times"] = _times_figure(ok, out)
     ctx["summary"] = _summary(ctx)

@@ -1,0 +1,114 @@
+"""The benchmarking section's optimised-step series: per size, the bf16 train step with the project's
+techniques added one at a time (results of the `optimized_step` experiment), each against the step
+roofline of `cs336sys.accounting.roofline`, as a table and a waterfall figure.
+
+The roofline's matmul ceiling is the measured bf16 matmul peak (`matmul_peak` results); its copy
+bandwidth is the GPU preset's (`cs336sys.accounting.hardware`, measured by this project) where the
+result's GPU has one, else the copy bandwidth the point measured itself. Nothing here when the
+results hold no such series.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.accounting.hardware import preset_for_gpu
+from cs336sys.accounting.roofline import BYTES_PER_PARAMETER, step_roofline
+from cs336sys.analysis.common import figure, save_figure, save_table, size_key
+
+LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
+          "fused_elementwise": "+ fused RMSNorm/SwiGLU/RoPE", "flash": "+ our FlashAttention-2",
+          "bf16_weights": "+ bf16 weights kept across steps"}
+
+
+def _copy_bandwidth(row) -> tuple[float | None, str]:
+    preset = preset_for_gpu(row.get("env.gpu"))
+    if preset is not None and preset.copy_bandwidth:
+        return preset.copy_bandwidth, f"{preset.name} preset"
+    measured = row.get("copy_bytes_per_s")
+    return (float(measured), "measured with the point") if measured and measured == measured else (None, "")
+
+
+def _roofline_ms(row, matmul_flops_per_s: float | None) -> tuple[float | None, str]:
+    bandwidth, source = _copy_bandwidth(row)
+    if not matmul_flops_per_s or not bandwidth:
+        return None, ""
+    r = step_roofline(row["size"], int(row["metric_batch_size"]), int(row["context_length"]), matmul_flops_per_s,
+                      bandwidth)
+    return r.total_ms, source
+
+
+def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path) -> dict:
+    """{"optimized": {...}} for the section's context, or {} without optimised-step results."""
+    series = frame[(frame.problem == "optimized_step")] if "problem" in frame else frame
+    if series.empty:
+        return {}
+    matmul = peak_tflops.get("bf16")
+    matmul_flops_per_s = matmul * 1e12 if matmul else None
+    rows = []
+    for _, r in series.iterrows():
+        row = {"size": r["size"], "configuration": r["configuration"], "status": r["status"]}
+        if r["status"] == "ok":
+            phases = r["phase_median_ms"]
+            roof, source = _roofline_ms(r, matmul_flops_per_s)
+            row.update({"forward_backward_ms": phases["forward_backward"], "optimizer_ms": phases["optimizer_step"],
+                        "step_ms": r["median_ms"], "roofline_ms": roof, "roofline_copy_source": source,
+                        "gpu": r.get("env.gpu") or r.get("env.cpu")})
+        rows.append(row)
+    data = pd.DataFrame(rows)
+    data["added"] = [len(t) for t in series["techniques"]] if "techniques" in series else 0
+    data = data.sort_values(["size", "added"], key=lambda c: size_key(c) if c.name == "size" else c)
+    printed = data.assign(configuration=data.configuration.map(lambda c: LABELS.get(c, c)))
+    printed["x roofline"] = [f"{s / r:.2f}" if r == r and r else "" for s, r in
+                             zip(printed.step_ms, printed.roofline_ms.astype(float), strict=True)]
+    printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
+                                      "step_ms": "step (ms)", "roofline_ms": "roofline (ms)"})
+    printed = printed.drop(columns="added")
+    columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
+                           "roofline (ms)", "x roofline"] if c in printed]
+    ctx = {"table": save_table(printed[columns], out, "optimized_step", digits=1, data=data),
+           "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
+           "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
+           "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
+           "context_lengths": sorted({int(c) for c in series["context_length"]}),
+           "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values())}
+    ok = data[data.status == "ok"]
+    if not ok.empty:
+        ctx["figure"] = _waterfall(ok, out)
+        best = {}
+        for size, g in ok.groupby("size", sort=False):
+            fastest = g.loc[g.step_ms.idxmin()]
+            best[size] = {"first_ms": float(g.iloc[0].step_ms), "fastest_ms": float(fastest.step_ms),
+                          "fastest": LABELS.get(fastest.configuration, fastest.configuration),
+                          "x_roofline": float(fastest.step_ms / fastest.roofline_ms) if fastest.roofline_ms else None}
+        ctx["best"] = best
+    return {"optimized": ctx}
+
+
+def _waterfall(ok: pd.DataFrame, out: Path) -> str:
+    """Per size, the step time after each added technique (bars: the change it made), the roofline dashed."""
+    sizes = list(dict.fromkeys(ok["size"]))
+    fig, axes = figure(2.2 * len(sizes), nrows=len(sizes), squeeze=False)
+    for ax, size in zip(axes[:, 0], sizes, strict=True):
+        g = ok[ok["size"] == size]
+        steps = list(g.step_ms)
+        labels = [LABELS.get(c, c) for c in g.configuration]
+        for i, ms in enumerate(steps):
+            before = steps[i - 1] if i else 0.0
+            low, high = sorted((before, ms)) if i else (0.0, ms)
+            color = "tab:gray" if i == 0 else ("tab:green" if ms <= before else "tab:red")
+            ax.barh(i, high - low, left=low, color=color)
+            change = f" ({ms - before:+.1f})" if i else ""
+            ax.text(max(before, ms), i, f" {ms:.1f} ms{change}", va="center", fontsize=8)
+        roof = g.roofline_ms.dropna()
+        if not roof.empty:
+            ax.axvline(float(roof.iloc[0]), color="k", linestyle="--", linewidth=1)
+            ax.text(float(roof.iloc[0]), len(steps) - 0.4, " roofline", fontsize=8)
+        ax.set_yticks(range(len(steps)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(steps) * 1.25)
+        ax.set_title(f"{size}: step time as each technique is added", fontsize=9)
+    axes[-1, 0].set_xlabel("train step (ms, median)")
+    return save_figure(fig, out, "optimized_step_waterfall")

@@ -1,0 +1,115 @@
+"""The optimised-step series: the handout's bf16 train step with the project's techniques added one at
+a time (`cs336sys.training.optimized`), each configuration one point of a job that runs a size's series
+in one process.
+
+Per point: build, `warmup` untimed steps, then `steps` steps each bracketed by CUDA events (forward +
+backward, optimizer step, zero_grad; a device synchronisation after each step, as `time_steps` does),
+and the device's copy bandwidth measured in the same process (a `copy_` of `COPY_BYTES` between two
+buffers: bytes read plus written over the median time), the roofline's memory ceiling. The loss of
+every timed step is kept (the configurations of a series train the same model on the same batch).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cs336sys.jobs import Run
+from cs336sys.timing import peak_memory_bytes, reset_peak_memory, summarize_ms, synchronize
+from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
+
+COPY_BYTES = 2 * 1024**3
+COPY_REPEATS = 20
+
+
+@dataclass(frozen=True)
+class OptimizedStepSettings:
+    size: str
+    context_length: int
+    configuration: str  # the name the report gives this point ("plain", "+ fused AdamW", ...)
+    techniques: tuple[str, ...] = ()
+    compile: str = "blocks"  # the model's own forward (configurations without fused_elementwise)
+    batch_size: int | None = None
+    warmup: int = 5
+    steps: int = 10
+    seed: int = 0
+    device: str = "cuda"
+
+
+class _Clock:
+    """CUDA events on a GPU, the host clock (after a no-op synchronisation) on the CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def ms(self, start, end) -> float:
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Bytes/s of a device-to-device `copy_` (read + write), the median of COPY_REPEATS; None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    n = COPY_BYTES // 4
+    src, dst = torch.empty(n, device=device), torch.empty(n, device=device)
+    clock, times = _Clock(device), []
+    for i in range(COPY_REPEATS + 3):
+        start = clock.mark()
+        dst.copy_(src)
+        end = clock.mark()
+        synchronize(device)
+        if i >= 3:
+            times.append(clock.ms(start, end))
+    del src, dst
+    return 2 * COPY_BYTES / (statistics.median(times) * 1e-3)
+
+
+def run_point(settings: OptimizedStepSettings, run: Run) -> dict:
+    device = run.device
+    reset_peak_memory(device)
+    spec = OptimizedSpec(settings.size, settings.context_length, settings.batch_size, settings.techniques,
+                         settings.compile, settings.seed)
+    build_start = time.perf_counter()
+    step = build_optimized_step(spec, device)
+    synchronize(device)
+    build_s = time.perf_counter() - build_start
+    for _ in range(settings.warmup):
+        step.run()
+    synchronize(device)
+    clock = _Clock(device)
+    phases: dict[str, list[float]] = {"forward_backward": [], "optimizer_step": [], "zero_grad": []}
+    step_ms, losses = [], []
+    for _ in range(settings.steps):
+        marks = [clock.mark()]
+        loss = step.forward_backward()
+        marks.append(clock.mark())
+        step.optimizer_step()
+        marks.append(clock.mark())
+        step.zero_grad()
+        marks.append(clock.mark())
+        synchronize(device)
+        for name, a, b in zip(phases, marks, marks[1:], strict=False):
+            phases[name].append(clock.ms(a, b))
+        step_ms.append(clock.ms(marks[0], marks[-1]))
+        losses.append(loss.item())
+    metrics = {**summarize_ms(step_ms), "step_ms": step_ms, "phase_ms": phases,
+               "phase_median_ms": {k: statistics.median(v) for k, v in phases.items()}, "losses": losses,
+               "build_s": build_s, **step.info, "peak_memory_bytes": peak_memory_bytes(device)}
+    metrics["achieved_tflops"] = step.info["flops_per_step"] / (metrics["median_ms"] * 1e-3) / 1e12
+    del step, loss
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    metrics["copy_bytes_per_s"] = copy_bandwidth(device)
+    return metrics

@@ -1,0 +1,309 @@
+"""The handout's training step with the project's own speed-ups, each one an option that can be added alone.
+
+    spec = OptimizedSpec("2.7B", 512, techniques=("fused_adamw", "fused_elementwise", "flash", "bf16_weights"))
+    step = build_optimized_step(spec, "cuda:0")
+    loss = step.run()                       # one whole step: forward+backward, optimizer, zero_grad
+
+With no techniques this is `cs336sys.training.step.build_step`'s bf16 train step (autocast, our
+per-parameter AdamW, the model's own forward, compiled per block by default), and the step is
+built by it. The techniques (`TECHNIQUES`; the benchmark's series in config.yaml adds them in its own order):
+
+- `fused_adamw`: `cs336sys.leaderboard.adamw.FusedAdamW`, one Triton kernel per parameter tensor
+  (p, g, m, v read once, p, m, v written once) instead of seven torch ops;
+- `fused_elementwise`: the blocks run through `cs336sys.leaderboard.fused_block.fused_block_forward`
+  (RMSNorm, the SwiGLU gate and RoPE as one Triton kernel each way), eager (those kernels are what
+  compiling the blocks fused before);
+- `flash`: our causal Triton FlashAttention-2 (`cs336sys.attention.flash_triton`) instead of the
+  naive attention's materialised scores; a head dimension the kernels do not take (the "2.7B"'s 80)
+  is zero-padded to the next one they do (`pad_head_dim`);
+- `bf16_weights`: the matrices (projections, SwiGLU, LM head) are used through bf16 copies kept
+  from step to step, which the optimizer rewrites in its own pass (`fused_adamw_`'s `out_lowp`),
+  instead of autocast casting each fp32 weight in every forward; their gradients arrive in bf16 and
+  are upcast inside the optimizer's kernel. The residual stream, the norms' weights and the
+  embedding stay fp32, as under autocast; autocast stays on (it then casts nothing, but still runs
+  the naive attention's softmax in fp32). Needs `fused_adamw`. With the fused forward the norms
+  write bf16 directly; with the model's own forward (compiled or not) the copies replace the fp32
+  matrices through `torch.func.functional_call`, and that forward is otherwise the plain one.
+
+Exactness: under autocast a weight's gradient is the bf16 product's, upcast by the cast's backward,
+so `bf16_weights` computes the same gradients; the fused kernels round once where the model's ops
+round after every op, and flash accumulates in another order: the loss and updated parameters agree
+with the plain step within bf16 rounding (tests/test_optimized_step.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from cs336sys.dtypes import autocast
+from cs336sys.leaderboard.adamw import FusedAdamW, fused_adamw_
+from cs336sys.model import AttentionFn, TransformerBlock, TransformerLM
+from cs336sys.optim import cross_entropy
+from cs336sys.sizes import get_size
+from cs336sys.training.step import COMPILE, StepSpec, build_step
+
+TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights")
+NEEDS = {"bf16_weights": ("fused_adamw",)}
+FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
+MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
+            "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
+
+
+@dataclass(frozen=True)
+class OptimizedSpec:
+    """One configuration of the step: bf16 autocast, the size's batch, `techniques` from `TECHNIQUES`.
+    `compile` applies to the model's own forward (no `fused_elementwise`); the fused forward is eager."""
+
+    size: str
+    context_length: int
+    batch_size: int | None = None
+    techniques: tuple[str, ...] = ()
+    compile: str = "blocks"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        get_size(self.size)
+        unknown = [t for t in self.techniques if t not in TECHNIQUES]
+        if unknown:
+            raise ValueError(f"unknown techniques {unknown}; known: {', '.join(TECHNIQUES)}")
+        for technique, needs in NEEDS.items():
+            missing = [n for n in needs if technique in self.techniques and n not in self.techniques]
+            if missing:
+                raise ValueError(f"{technique} needs {', '.join(missing)} too")
+        if self.compile not in COMPILE:
+            raise ValueError(f"unknown compile mode {self.compile!r}; known: {', '.join(COMPILE)}")
+        if self.uses("bf16_weights") and not self.uses("fused_elementwise") and self.compile == "full":
+            raise ValueError("bf16_weights swaps the model's matrices for their copies, which a whole-model "
+                             "compile would not see; use compile 'blocks' or 'eager'")
+
+    @property
+    def batch(self) -> int:
+        return self.batch_size or get_size(self.size).batch_size
+
+    def uses(self, technique: str) -> bool:
+        return technique in self.techniques
+
+
+class MasterCopyAdamW(torch.optim.Optimizer):
+    """`FusedAdamW` over fp32 master parameters of which some are used, forward and backward, through
+    bf16 copies: such a parameter's gradient is its copy's (bf16, upcast in the kernel), and the kernel
+    writes the updated parameter into the copy in the same pass. `copies` maps master -> copy (a leaf
+    that requires grad)."""
+
+    def __init__(self, params: Iterable[Tensor], copies: dict[Tensor, Tensor], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.copies = copies
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for copy in self.copies.values():
+            copy.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None):
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                copy = self.copies.get(p)
+                grad = copy.grad if copy is not None else p.grad
+                if grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                state["step"] += 1
+                t = state["step"]
+                step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+                fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
+                             lr=lr, eps=eps, weight_decay=wd, beta1=beta1, beta2=beta2, out_lowp=copy)
+        return None
+
+
+@dataclass
+class OptimizedStep:
+    """A built step. `forward_backward()` returns the loss (detached); `run()` is one whole step in
+    the plain step's order (forward+backward, optimizer step, zero_grad) and returns the loss."""
+
+    spec: OptimizedSpec
+    model: TransformerLM
+    module: nn.Module  # the model, or its compiled form (the plain forward)
+    optimizer: torch.optim.Optimizer
+    tokens: Tensor
+    targets: Tensor
+    device: str
+    block_params: list[dict[str, Tensor]] = field(default_factory=list)  # what each fused block computes with
+    head_weight: Tensor | None = None  # the LM head's weight as the forward uses it
+    info: dict = field(default_factory=dict)
+
+    def _fused_logits(self) -> Tensor:
+        from cs336sys.leaderboard.fused_block import fused_block_forward
+
+        model = self.model
+        x = model.token_embeddings(self.tokens)  # fp32, as under autocast (a lookup is not cast)
+        if not self.spec.uses("bf16_weights"):
+            for block, params in zip(model.layers, self.block_params, strict=True):
+                x = fused_block_forward(block, params, x)
+            return model.lm_head(rms_norm_to(x, model.ln_final.weight, model.ln_final.eps, x.dtype))
+        for block, params in zip(model.layers, self.block_params, strict=True):
+            x = bf16_block_forward(block, params, x)
+        h = rms_norm_to(x, model.ln_final.weight, model.ln_final.eps, torch.bfloat16)
+        return h @ self.head_weight.T
+
+    def _model_logits(self) -> Tensor:
+        if not self.spec.uses("bf16_weights"):
+            return self.module(self.tokens)
+        weights = {f"layers.{i}.{name}": p for i, params in enumerate(self.block_params)
+                   for name, p in params.items() if name in MATRICES}
+        # the blocks compiled in place (compile "blocks") see the copies as their inputs
+        return functional_call(self.model, {**weights, "lm_head.weight": self.head_weight}, (self.tokens,),
+                               strict=False)
+
+    def forward_backward(self) -> Tensor:
+        with autocast("bf16", self.device):
+            logits = self._fused_logits() if self.spec.uses("fused_elementwise") else self._model_logits()
+            loss = cross_entropy(logits, self.targets)
+        loss.backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.module.zero_grad(set_to_none=True)
+
+    def run(self) -> Tensor:
+        loss = self.forward_backward()
+        self.optimizer_step()
+        self.zero_grad()
+        return loss
+
+
+# ------------------------------------------------------------------- the bf16 block's own pieces
+
+
+class _RMSNormToFunction(torch.autograd.Function):
+    """The RMSNorm kernels of `cs336sys.leaderboard.fused_ops`, writing y in `out_dtype` (fp32 x in,
+    bf16 y out: the norm and autocast's cast before the next matmul in one pass); dx in x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
+        import triton
+
+        from cs336sys.leaderboard.fused_ops import _rows, _warps, rms_norm_forward_kernel
+
+        rows = _rows(x)
+        n_rows, d = rows.shape
+        y = torch.empty((n_rows, d), dtype=out_dtype, device=x.device)
+        rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        block = triton.next_power_of_2(d)
+        rms_norm_forward_kernel[(n_rows,)](rows, weight, y, rstd, d, rows.stride(0), y.stride(0), eps,
+                                           BLOCK_D=block, num_warps=_warps(block))
+        ctx.save_for_backward(rows, weight, rstd)
+        ctx.x_shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        from cs336sys.leaderboard.fused_ops import _RMSNormFunction
+
+        dx, dw, _ = _RMSNormFunction.backward(ctx, dy)
+        return dx, dw, None, None
+
+
+def rms_norm_to(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
+    """The model's RMSNorm of x (fp32 inside), rounded once to `out_dtype`."""
+    from cs336sys.leaderboard.fused_ops import _use_kernels, rms_norm_reference
+
+    if not _use_kernels(x, weight):
+        return rms_norm_reference(x, weight, eps).to(out_dtype)
+    return _RMSNormToFunction.apply(x, weight, eps, out_dtype)
+
+
+def bf16_block_forward(block: TransformerBlock, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    """`fused_block_forward` with bf16 matrices: the norms write bf16 (what autocast would cast them
+    to), the residual stream `x` stays fp32 (a bf16 branch added to it is upcast, as under autocast)."""
+    from cs336sys.leaderboard.fused_ops import rotary, silu_gate
+
+    attn = block.attn
+    *lead, seq, _ = x.shape
+    cos, sin = attn.rope.cos[:seq], attn.rope.sin[:seq]
+
+    def heads(t: Tensor) -> Tensor:
+        return t.view(*lead, seq, attn.num_heads, attn.d_head).transpose(-3, -2)
+
+    h = rms_norm_to(x, params["ln1.weight"], block.ln1.eps, torch.bfloat16)
+    q = rotary(heads(h @ params["attn.q_proj.weight"].T), cos, sin)
+    k = rotary(heads(h @ params["attn.k_proj.weight"].T), cos, sin)
+    v = heads(h @ params["attn.v_proj.weight"].T)
+    out = attn.attention(q, k, v).transpose(-3, -2).flatten(-2)
+    x = x + out @ params["attn.output_proj.weight"].T
+    h = rms_norm_to(x, params["ln2.weight"], block.ln2.eps, torch.bfloat16)
+    gate = silu_gate(h @ params["ffn.w1.weight"].T, h @ params["ffn.w3.weight"].T)
+    return x + gate @ params["ffn.w2.weight"].T
+
+
+def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
+    """`attention` for any head dimension up to max(head_dims): q, k, v zero-padded to the next one it
+    takes, and the output cut back. Zero columns add nothing to q k^T, and the padded output columns
+    are zero; q is scaled by sqrt(padded / d) so that the kernel's 1 / sqrt(padded) is 1 / sqrt(d)."""
+
+    def padded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        d = q.shape[-1]
+        if d in head_dims:
+            return attention(q, k, v)
+        wider = sorted(w for w in head_dims if w > d)  # (not min(..., default=): a graph break under compile)
+        if not wider:
+            raise ValueError(f"head dimension {d} is above the largest the attention takes ({max(head_dims)})")
+        width = wider[0]
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - d))  # noqa: E731
+        return attention(pad(q * math.sqrt(width / d)), pad(k), pad(v))[..., :d]
+
+    return padded
+
+
+# ---------------------------------------------------------------------------------------- building
+
+
+def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None = None) -> OptimizedStep:
+    """The model, its optimizer and a random batch, built by the plain step builder (same seeds, so the
+    same weights and tokens as `build_step` for the same size and seed), then the techniques applied."""
+    attention_fn = None
+    if spec.uses("flash"):
+        from cs336sys.attention.flash_triton import flash_causal_attention
+
+        attention_fn = pad_head_dim(flash_causal_attention)
+    factory, optimizer_name = None, "ours"
+    if spec.uses("bf16_weights"):
+        factory, optimizer_name = (lambda params: MasterCopyAdamW(params, {})), "fused_triton_bf16_copies"
+    elif spec.uses("fused_adamw"):
+        factory, optimizer_name = FusedAdamW, "fused_triton"
+    plain = build_step(StepSpec(size=spec.size, context_length=spec.context_length, batch_size=spec.batch,
+                                mode="train_step", dtype="bf16",
+                                compile="eager" if spec.uses("fused_elementwise") else spec.compile,
+                                attention="flash" if spec.uses("flash") else "naive", optimizer=optimizer_name,
+                                seed=spec.seed),
+                       device, attention_fn=attention_fn, optimizer_factory=factory, data_seed=data_seed)
+    model = plain.model
+    blocks = [dict(block.named_parameters()) for block in model.layers]
+    head = model.lm_head.weight
+    if spec.uses("bf16_weights"):
+        copies = plain.optimizer.copies
+
+        def bf16_copy(p: Tensor) -> Tensor:
+            copies[p] = p.detach().to(torch.bfloat16).requires_grad_()
+            return copies[p]
+
+        blocks = [{name: bf16_copy(p) if name in MATRICES else p for name, p in params.items()} for params in blocks]
+        head = bf16_copy(model.lm_head.weight)
+    return OptimizedStep(spec, model, plain.module, plain.optimizer, plain.tokens, plain.targets, device, blocks,
+                         head, dict(plain.info))

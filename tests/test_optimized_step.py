@@ -1,0 +1,183 @@
+"""The optimised step against the plain step (loss and updated parameters within bf16 rounding), and the
+step roofline's arithmetic against hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cs336sys.accounting.roofline import step_bytes, step_roofline
+from cs336sys.attention.naive import naive_causal_attention
+from cs336sys.sizes import ModelSize, parameter_count
+from cs336sys.training.optimized import TECHNIQUES, OptimizedSpec, build_optimized_step, pad_head_dim
+from cs336sys.training.step import StepSpec, build_step
+
+LR = 1e-3  # both optimizers' default
+
+
+def two_steps_plain(size: str, context: int, seed: int, device: str, compile_mode: str = "eager"):
+    step = build_step(StepSpec(size, context, mode="train_step", dtype="bf16", compile=compile_mode, seed=seed),
+                      device)
+    losses = []
+    for _ in range(2):
+        losses.append(step.forward_backward().item())
+        step.optimizer_step()
+        step.zero_grad()
+    return losses, {n: p.detach().clone() for n, p in step.model.named_parameters()}
+
+
+def two_steps_optimized(size: str, context: int, seed: int, device: str, techniques: tuple[str, ...],
+                        compile_mode: str = "eager"):
+    step = build_optimized_step(OptimizedSpec(size, context, techniques=techniques, compile=compile_mode,
+                                              seed=seed), device)
+    losses = [step.run().item() for _ in range(2)]
+    return losses, {n: p.detach().clone() for n, p in step.model.named_parameters()}
+
+
+def assert_close_to_plain(plain, optimized, loss_rtol: float, max_flipped: float) -> None:
+    """Losses within `loss_rtol`; each parameter within two AdamW steps' sign flips (an update of
+    about +-lr where a gradient near zero changed sign), and at most `max_flipped` of all elements
+    differing by more than a tenth of the learning rate."""
+    (plain_losses, plain_params), (losses, params) = plain, optimized
+    for a, b in zip(plain_losses, losses, strict=True):
+        assert abs(a - b) <= loss_rtol * abs(a), (plain_losses, losses)
+    differing, total = 0, 0
+    for name, p in plain_params.items():
+        diff = (params[name] - p).abs()
+        assert diff.max().item() <= 4.05 * LR, (name, diff.max().item())
+        differing += (diff > 0.1 * LR).sum().item()
+        total += diff.numel()
+    assert differing <= max_flipped * total, differing / total
+
+
+@pytest.mark.parametrize("techniques", [(), ("fused_adamw",), ("fused_adamw", "fused_elementwise"),
+                                        ("fused_adamw", "bf16_weights"),
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights")])
+def test_optimized_step_matches_the_plain_step_on_cpu(techniques, fresh_seed):
+    # On the CPU the fused ops are the model's torch ops and the fused AdamW is the reference's, and
+    # bf16 weights through the model's forward are what autocast casts: bitwise the plain step. With
+    # the fused forward, bf16 weights sum a norm's three bf16 input gradients in bf16 (autocast
+    # upcasts each first), a rounding of the residual stream's gradient.
+    plain = two_steps_plain("tiny", 32, fresh_seed, "cpu")
+    optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", techniques)
+    if not {"bf16_weights", "fused_elementwise"} <= set(techniques):
+        assert plain[0] == optimized[0]
+        assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
+    assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
+
+
+def test_bf16_weights_keeps_the_copies_equal_to_the_rounded_masters(fresh_seed):
+    step = build_optimized_step(OptimizedSpec("tiny", 32, techniques=("fused_adamw", "fused_elementwise",
+                                                                     "bf16_weights"), compile="eager",
+                                              seed=fresh_seed), "cpu")
+    for _ in range(2):
+        step.run()
+    copies = step.optimizer.copies
+    assert len(copies) == 7 * 2 + 1  # seven matrices per block, two blocks, the LM head
+    for master, copy in copies.items():
+        assert copy.dtype == torch.bfloat16 and copy.grad is None
+        assert torch.equal(copy, master.detach().to(torch.bfloat16))
+
+
+def test_bf16_weights_through_the_compiled_blocks_is_the_plain_step(fresh_seed):
+    plain = two_steps_plain("tiny", 32, fresh_seed, "cpu", compile_mode="blocks")
+    optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", ("fused_adamw", "bf16_weights"),
+                                    compile_mode="blocks")
+    assert plain[0] == optimized[0]
+    assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
+
+
+def test_spec_rejects_what_it_cannot_run():
+    with pytest.raises(ValueError, match="needs fused_adamw"):
+        OptimizedSpec("tiny", 32, techniques=("bf16_weights",))
+    with pytest.raises(ValueError, match="whole-model compile"):
+        OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights"), compile="full")
+    with pytest.raises(ValueError, match="unknown techniques"):
+        OptimizedSpec("tiny", 32, techniques=("graphs",))
+
+
+def test_padding_the_head_dimension_keeps_attention_and_its_gradients(fresh_seed):
+    # d_head 80 (the "2.7B"'s) through an attention that only takes 16/32/64/128, in float64
+    q, k, v = (torch.randn(2, 3, 40, 80, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    seen = []
+
+    def only_pow2(q, k, v):
+        seen.append(q.shape[-1])
+        assert q.shape[-1] in (16, 32, 64, 128)
+        return naive_causal_attention(q, k, v)
+
+    grad = torch.randn(2, 3, 40, 80, dtype=torch.float64)
+    out = pad_head_dim(only_pow2)(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    ref = naive_causal_attention(q, k, v)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
+    assert seen == [128]
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
+    with pytest.raises(ValueError, match="above the largest"):
+        pad_head_dim(only_pow2)(*(t[..., :1].expand(2, 3, 40, 200) for t in (q, k, v)))
+
+
+def test_padding_the_head_dimension_compiles_in_one_graph():
+    # the "+ flash" configuration runs it inside blocks compiled with torch.compile
+    q, k, v = (torch.randn(1, 2, 8, 80) for _ in range(3))
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(pad_head_dim(naive_causal_attention))(q, k, v)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights")])
+def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
+    # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
+    # the compiled blocks), against the plain step compiled per block.
+    plain = two_steps_plain("small", 256, fresh_seed, "cuda", compile_mode="blocks")
+    optimized = two_steps_optimized("small", 256, fresh_seed, "cuda", techniques, compile_mode="blocks")
+    assert_close_to_plain(plain, optimized, loss_rtol=1e-2, max_flipped=0.05)
+
+
+def test_roofline_of_a_hand_computed_model():
+    # d_model 2, d_ff 4, 1 layer, 1 head, vocab 3; batch 1, context 2 (2 tokens):
+    # parameters 2*3*2 (embedding, head) + 4*2^2 + 3*2*4 + 2*2 (block) + 2 (final norm) = 58;
+    # forward 2*2*(4*4 + 3*2*4 + 2*3) + 2*2*1*2^2*2 = 184 + 32 = 216 FLOPs; the step 3x: 648;
+    # bytes 58 * (16 + 12 + 4) = 1856, with a bf16 copy 58 * 34 = 1972.
+    size = ModelSize("hand", d_model=2, d_ff=4, num_layers=1, num_heads=1, vocab_size=3)
+    assert parameter_count(size) == 58
+    r = step_roofline(size, 1, 2, matmul_flops_per_s=648.0, copy_bytes_per_s=928.0)
+    assert (r.flops, r.bytes) == (648, 1856)
+    assert (r.matmul_ms, r.memory_ms, r.total_ms) == (1000.0, 2000.0, 3000.0)
+    assert step_bytes(size, lowp_copy=True) == 1972
+
+
+def test_roofline_of_the_27b_step():
+    # 42.6 TFLOP at the H100's measured 744 TFLOP/s = 57.2 ms; 3.41e9 parameters * 32 B = 109 GB at
+    # 3.0 TB/s = 36.3 ms; 93.6 ms in all.
+    r = step_roofline("2.7B", 4, 512, matmul_flops_per_s=744.0e12, copy_bytes_per_s=3.0e12)
+    assert r.flops == 42_577_050_992_640
+    assert r.bytes == 32 * 3_406_809_600
+    assert r.matmul_ms == pytest.approx(57.227, abs=1e-3)
+    assert r.memory_ms == pytest.approx(36.339, abs=1e-3)
+    assert r.total_ms == pytest.approx(93.566, abs=1e-3)
+
+
+def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step
+
+    assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) == {}
+    rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
+             "configuration": name, "techniques": techniques, "median_ms": step, "env.gpu": "NVIDIA H100 80GB HBM3",
+             "copy_bytes_per_s": 2.6e12,
+             "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0}}
+            for name, techniques, fb, step in [("fused_adamw", ["fused_adamw"], 100.0, 133.0),
+                                               ("plain", [], 100.0, 190.0)]]
+    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)["optimized"]
+    # the H100 preset's 3.0 TB/s, not the point's own 2.6: 57.23 + 36.34 ms
+    assert ctx["copy_sources"] == ["h100 preset"]
+    lines = ctx["table"].splitlines()
+    assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
+    assert lines[2].endswith("| 93.6 | 2.03 |") and lines[3].endswith("| 93.6 | 1.42 |")
+    assert ctx["best"]["2.7B"]["fastest_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
