@@ -129,3 +129,15 @@ def test_gluon_writes_every_output(fresh_seed):
     del poison  # the caching allocator hands these bytes to the outputs below
     out, lse = flash_attention_gluon_forward(q, k, v, True)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 3), 1000, 1000, True), ((2,), 300, 700, False),
+                                                      ((1, 2), 700, 300, True)])
+@on_hopper
+def test_warp_specialised_forward_matches_float64(lead, seq_q, seq_k, causal, d, fresh_seed):
+    tiles = flash_gluon.GluonTiles(128, 128, 2, 4, True, consumer_regs=240)
+    q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
+    out, lse = flash_attention_gluon_forward(q, k, v, causal, tiles)
+    ref_out, ref_lse, *_ = reference_attention(q, k, v, torch.zeros_like(q), causal)
+    assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 2e-2

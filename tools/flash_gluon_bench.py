@@ -27,7 +27,13 @@ import triton
 import triton.testing
 
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles
-from cs336sys.attention.flash_gluon import FORWARD_TILES, FlashAttentionGluon, GluonTiles, flash_attention_gluon_forward
+from cs336sys.attention.flash_gluon import (
+    FORWARD_TILES,
+    LAUNCHED,
+    FlashAttentionGluon,
+    GluonTiles,
+    flash_attention_gluon_forward,
+)
 from cs336sys.attention.flash_triton import (
     FlashAttention2Triton,
     flash_attention_triton_forward,
@@ -41,7 +47,20 @@ VARIANTS = {  # name -> tiles per head dim
     "overlap": {64: GluonTiles(128, 128, 3, 8, True), 128: GluonTiles(128, 128, 2, 8, True)},
     "overlap_n64": {64: GluonTiles(128, 64, 4, 8, True), 128: GluonTiles(128, 64, 3, 8, True)},
     "overlap_w4": {64: GluonTiles(64, 128, 3, 4, True), 128: GluonTiles(64, 128, 2, 4, True)},
+    "ws": {64: GluonTiles(128, 128, 3, 4, True, 240), 128: GluonTiles(128, 128, 2, 4, True, 240)},
+    "ws_n64": {64: GluonTiles(128, 64, 4, 4, True, 240), 128: GluonTiles(128, 64, 4, 4, True, 240)},
+    "ws_deep": {64: GluonTiles(128, 128, 4, 4, True, 240), 128: GluonTiles(128, 128, 3, 4, True, 240)},
+    "ws_n64_deep": {64: GluonTiles(128, 64, 8, 4, True, 240), 128: GluonTiles(128, 64, 6, 4, True, 240)},
+    "ws_r200": {64: GluonTiles(128, 128, 3, 4, True, 200), 128: GluonTiles(128, 128, 2, 4, True, 200)},
 }
+
+
+def compiled_facts(tiles: GluonTiles, d: int) -> dict:
+    handle = LAUNCHED.get((str(tiles), d, True))
+    if handle is None:
+        return {}
+    return {key: getattr(handle, key, None) for key in ("n_regs", "n_spills")} | {
+        "shared": getattr(getattr(handle, "metadata", None), "shared", None)}
 CHECK_SHAPES = [  # (leading dims, seq_q, seq_k, causal)
     ((2, 3), 1000, 1000, True),
     ((2, 3), 1000, 1000, False),
@@ -113,6 +132,32 @@ def fwd_bwd(cls, q, k, v, do, *extra):
     return bench(run)
 
 
+def profile(shape_names: list[str], names: list[str]) -> None:
+    """Each variant's forward (and cuDNN's) once warm, then once inside a profiler range."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for shape_name in shape_names:
+        shape = SHAPES[shape_name]
+        d = shape[-1]
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for name in names:
+            if name == "cudnn":
+                q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
+
+                def fn(q4=q4, k4=k4, v4=v4):
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+            else:
+                fn = lambda tiles=VARIANTS[name][d], q=q, k=k, v=v: flash_attention_gluon_forward(q, k, v, True, tiles)
+            fn()
+            torch.cuda.synchronize()
+            print(f"== {shape_name} {name}", flush=True)
+            torch.cuda.profiler.start()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+
+
 def main() -> None:
     global OUT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -121,9 +166,13 @@ def main() -> None:
     ap.add_argument("--variants", default="all", help="comma-separated names from VARIANTS, or all")
     ap.add_argument("--no-baselines", action="store_true", help="skip SDPA and the tl kernels")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--profile", default="", help="only run these variants (and 'cudnn') once each inside a "
+                    "profiler range, for `ncu --profile-from-start off`")
     args = ap.parse_args()
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        return profile(args.shapes.split(","), args.profile.split(","))
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     record(kind="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
            default_tiles={d: str(t) for d, t in FORWARD_TILES.items()})
@@ -180,7 +229,7 @@ def main() -> None:
                 record(shape=shape_name, impl="gluon", variant=name, error=f"{type(exc).__name__}: {exc}"[:2000])
                 continue
             record(shape=shape_name, impl="gluon", variant=name, tiles=str(tiles), fwd_ms=fwd, fwd_bwd_ms=fb,
-                   fwd_vs_cudnn=fwd / cudnn_f, fwd_bwd_vs_cudnn=fb / cudnn_fb)
+                   fwd_vs_cudnn=fwd / cudnn_f, fwd_bwd_vs_cudnn=fb / cudnn_fb, **compiled_facts(tiles, d))
             table.append((shape_name, f"gluon {name}", str(tiles), fwd, fb))
         q = k = v = do = None
         torch.cuda.empty_cache()

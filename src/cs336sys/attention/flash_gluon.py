@@ -29,23 +29,30 @@ class GluonUnsupported(ValueError):
 
 @dataclass(frozen=True)
 class GluonTiles:
-    """One launch of the forward: query rows and keys per tile, ring depth, warps, loop schedule."""
+    """One launch of the forward: query rows and keys per tile, ring depth, warps, loop schedule;
+    warp-specialised (`flash_gluon_forward_ws`): 128 rows as two 4-warp consumer warpgroups plus a
+    producer warp, with those registers per thread (then block_m is 128, num_warps 4, overlap on)."""
     block_m: int
     block_n: int
     stages: int
     num_warps: int
     overlap: bool
+    consumer_regs: int = 0  # 0: not warp-specialised
+    producer_regs: int = 24
 
     def __str__(self) -> str:
+        if self.consumer_regs:
+            return f"{self.block_m}x{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/{self.producer_regs}"
         schedule = "overlap" if self.overlap else "serial"
         return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.stages}/{schedule}"
 
 
-# The forward's tiles by head dimension. 128 query rows per program as two warpgroups of 64 rows
-# (8 warps), and as many key tiles in the ring as shared memory holds beside Q.
+# The forward's tiles by head dimension: the warp-specialised kernel (producer warp, two consumer
+# warpgroups of 64 rows each), 128 keys a tile, as deep a ring as shared memory holds beside Q.
+# Measured against the other schedules in notes/flash_attention.md ("Gluon kernels (Hopper)").
 FORWARD_TILES = {
-    64: GluonTiles(128, 128, 3, 8, True),
-    128: GluonTiles(128, 128, 2, 8, True),
+    64: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),
+    128: GluonTiles(128, 128, 2, 4, True, consumer_regs=240),
 }
 
 
@@ -120,12 +127,29 @@ def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     out = torch.empty_like(q)
     lse = torch.empty(lead + [seq_q], dtype=torch.float32, device=q.device)
     grid = (bh, math.ceil(seq_q / tiles.block_m))
-    flash_forward_gluon_kernel[grid](
-        descriptor(q, seq_q, tiles.block_m), descriptor(k, seq_k, tiles.block_n), descriptor(v, seq_k, tiles.block_n),
-        out, lse, seq_q, seq_k, 1.4426950408889634 / math.sqrt(d),
-        HEAD_DIM=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
-        OVERLAP=tiles.overlap, num_warps=tiles.num_warps)
+    qk_scale = 1.4426950408889634 / math.sqrt(d)
+    k_desc, v_desc = descriptor(k, seq_k, tiles.block_n), descriptor(v, seq_k, tiles.block_n)
+    if tiles.consumer_regs:
+        from cs336sys.attention.flash_gluon_forward_ws import flash_forward_gluon_ws_kernel
+
+        if (tiles.block_m, tiles.num_warps) != (128, 4):
+            raise ValueError(f"the warp-specialised forward takes 128 rows and 4-warp consumers, not {tiles}")
+        handle = flash_forward_gluon_ws_kernel[grid](
+            descriptor(q, seq_q, 64), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,
+            HEAD_DIM=d, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
+            PRODUCER_REGS=tiles.producer_regs, CONSUMER_REGS=tiles.consumer_regs, num_warps=4)
+    else:
+        handle = flash_forward_gluon_kernel[grid](
+            descriptor(q, seq_q, tiles.block_m), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,
+            HEAD_DIM=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
+            OVERLAP=tiles.overlap, num_warps=tiles.num_warps)
+    LAUNCHED[str(tiles), d, is_causal] = handle
     return out, lse
+
+
+# The compiled kernel of each (tiles, d, causal) launched in this process: registers, spills, shared
+# memory for the benchmark's report.
+LAUNCHED: dict = {}
 
 
 class FlashAttentionGluon(torch.autograd.Function):
