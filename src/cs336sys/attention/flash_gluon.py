@@ -52,7 +52,7 @@ class GluonTiles:
 # Measured against the other schedules in notes/flash_attention.md ("Gluon kernels (Hopper)").
 FORWARD_TILES = {
     64: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),
-    128: GluonTiles(128, 128, 2, 4, True, consumer_regs=240),
+    128: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),  # Q 32 KiB + 3 x 64 KiB of K, V: 229.7 KB
 }
 
 
