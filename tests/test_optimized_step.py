@@ -94,6 +94,8 @@ def test_spec_rejects_what_it_cannot_run():
         OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights"), compile="full")
     with pytest.raises(ValueError, match="unknown techniques"):
         OptimizedSpec("tiny", 32, techniques=("graphs",))
+    with pytest.raises(ValueError, match="cuda_graph needs a CUDA device"):
+        build_optimized_step(OptimizedSpec("tiny", 32, techniques=("cuda_graph",)), "cpu")
 
 
 def test_padding_the_head_dimension_keeps_attention_and_its_gradients(fresh_seed):
@@ -129,10 +131,11 @@ def test_padding_the_head_dimension_compiles_in_one_graph():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
-@pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights")])
+@pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights"), ("cuda_graph",),
+                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights")])
 def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
     # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
-    # the compiled blocks), against the plain step compiled per block.
+    # the compiled blocks), replayed from a CUDA graph or not, against the plain step compiled per block.
     plain = two_steps_plain("small", 256, fresh_seed, "cuda", compile_mode="blocks")
     optimized = two_steps_optimized("small", 256, fresh_seed, "cuda", techniques, compile_mode="blocks")
     assert_close_to_plain(plain, optimized, loss_rtol=1e-2, max_flipped=0.05)

@@ -20,7 +20,7 @@ from cs336sys.analysis.common import figure, save_figure, save_table, size_key
 
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
           "fused_elementwise": "+ fused RMSNorm/SwiGLU/RoPE", "flash": "+ our FlashAttention-2",
-          "bf16_weights": "+ bf16 weights kept across steps"}
+          "bf16_weights": "+ bf16 weights kept across steps", "cuda_graph": "+ CUDA graph (forward+backward)"}
 
 
 def _copy_bandwidth(row) -> tuple[float | None, str]:

@@ -24,6 +24,11 @@ built by it. The techniques (`TECHNIQUES`; the benchmark's series in config.yaml
   the naive attention's softmax in fp32). Needs `fused_adamw`. With the fused forward the norms
   write bf16 directly; with the model's own forward (compiled or not) the copies replace the fp32
   matrices through `torch.func.functional_call`, and that forward is otherwise the plain one.
+- `cuda_graph`: forward+backward captured once as a CUDA graph (after warm-up passes that compile
+  and tune without updating anything) and replayed each step, so no kernel waits on the host's
+  Python, autograd and launches; the optimizer runs after it as before (its step size changes every
+  step). The capture allocates every gradient, and each replay writes them afresh, so `zero_grad`
+  keeps them (setting them to None would drop the graph's buffers). Needs a CUDA device.
 
 Exactness: under autocast a weight's gradient is the bf16 product's, upcast by the cast's backward,
 so `bf16_weights` computes the same gradients; the fused kernels round once where the model's ops
@@ -48,7 +53,7 @@ from cs336sys.optim import cross_entropy
 from cs336sys.sizes import get_size
 from cs336sys.training.step import COMPILE, StepSpec, build_step
 
-TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights")
+TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph")
 NEEDS = {"bf16_weights": ("fused_adamw",)}
 FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
@@ -143,6 +148,8 @@ class OptimizedStep:
     block_params: list[dict[str, Tensor]] = field(default_factory=list)  # what each fused block computes with
     head_weight: Tensor | None = None  # the LM head's weight as the forward uses it
     info: dict = field(default_factory=dict)
+    graph: torch.cuda.CUDAGraph | None = None  # forward+backward, captured (cuda_graph)
+    graph_loss: Tensor | None = None  # the captured loss, rewritten by each replay
 
     def _fused_logits(self) -> Tensor:
         from cs336sys.leaderboard.fused_block import fused_block_forward
@@ -167,17 +174,43 @@ class OptimizedStep:
         return functional_call(self.model, {**weights, "lm_head.weight": self.head_weight}, (self.tokens,),
                                strict=False)
 
-    def forward_backward(self) -> Tensor:
+    def _forward_backward(self) -> Tensor:
         with autocast("bf16", self.device):
             logits = self._fused_logits() if self.spec.uses("fused_elementwise") else self._model_logits()
             loss = cross_entropy(logits, self.targets)
         loss.backward()
         return loss.detach()
 
+    def forward_backward(self) -> Tensor:
+        if self.graph is None:
+            return self._forward_backward()
+        self.graph.replay()
+        return self.graph_loss.clone()
+
     def optimizer_step(self) -> None:
         self.optimizer.step()
 
     def zero_grad(self) -> None:
+        if self.graph is None:  # (a graph's next replay overwrites the gradients in its own buffers)
+            self._clear_grads()
+
+    def capture(self, warmup: int = 3) -> None:
+        """Capture forward+backward as a CUDA graph: `warmup` passes on a side stream first (compiling,
+        autotuning; no parameter changes), then one captured pass with every gradient unset, so the
+        graph allocates the gradients and each replay writes them."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._forward_backward()
+                self._clear_grads()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._clear_grads()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.graph_loss = self._forward_backward()
+
+    def _clear_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.module.zero_grad(set_to_none=True)
 
@@ -305,5 +338,10 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
 
         blocks = [{name: bf16_copy(p) if name in MATRICES else p for name, p in params.items()} for params in blocks]
         head = bf16_copy(model.lm_head.weight)
-    return OptimizedStep(spec, model, plain.module, plain.optimizer, plain.tokens, plain.targets, device, blocks,
+    step = OptimizedStep(spec, model, plain.module, plain.optimizer, plain.tokens, plain.targets, device, blocks,
                          head, dict(plain.info))
+    if spec.uses("cuda_graph"):
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"cuda_graph needs a CUDA device, not {device!r}")
+        step.capture()
+    return step
