@@ -168,15 +168,16 @@ def test_roofline_of_the_27b_step():
 def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     import pandas as pd
 
-    from cs336sys.analysis.optimized_step import optimized_step
+    from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
     assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) == {}
     rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
-             "configuration": name, "techniques": techniques, "median_ms": step, "env.gpu": "NVIDIA H100 80GB HBM3",
-             "copy_bytes_per_s": 2.6e12,
+             "configuration": name, "techniques": techniques, "median_ms": step, "std_ms": std,
+             "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
              "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0}}
-            for name, techniques, fb, step in [("fused_adamw", ["fused_adamw"], 100.0, 133.0),
-                                               ("plain", [], 100.0, 190.0)]]
+            for name, techniques, fb, step, std in [("fused_adamw", ["fused_adamw"], 100.0, 133.0, 8.0),
+                                                    ("plain", [], 100.0, 190.0, 3.0),
+                                                    ("cuda_graph", ["fused_adamw", "cuda_graph"], 101.0, 134.0, 0.2)]]
     ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)["optimized"]
     # the H100 preset's 3.0 TB/s, not the point's own 2.6: 57.23 + 36.34 ms
     assert ctx["copy_sources"] == ["h100 preset"]
@@ -184,3 +185,12 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
     assert lines[2].endswith("| 93.6 | 2.03 |") and lines[3].endswith("| 93.6 | 1.42 |")
     assert ctx["best"]["2.7B"]["fastest_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
+    # verdicts decided here, not in the template: 133.0 / 93.57 = 1.42, outside the 2.7B's 1.2x
+    assert ctx["best"]["2.7B"]["target"] == 1.2 and ctx["best"]["2.7B"]["met"] is False
+    assert ctx["slower"] == {"The CUDA graph": ["2.7B"]}
+    assert ctx["spread_ms"] == {"eager": 8.0, "graph": 0.2}
+    [row] = summary_rows(ctx)
+    assert row["met"] is False and row["result"].startswith("1.42× its roofline (133.0 ms, from 190.0 ms plain)")
+    fast = {**ctx, "best": {"2.7B": {**ctx["best"]["2.7B"], "x_roofline": 1.19, "met": True},
+                            "xl": {**ctx["best"]["2.7B"], "x_roofline": 1.25, "target": 1.3, "met": True}}}
+    assert [r["met"] for r in summary_rows(fast)] == [True, True]

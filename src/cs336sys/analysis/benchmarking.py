@@ -19,7 +19,7 @@ from cs336sys.analysis.common import (
     save_table,
     size_key,
 )
-from cs336sys.analysis.optimized_step import optimized_step
+from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
 HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than this waits on the host
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
@@ -166,7 +166,7 @@ def _summary(ctx: dict) -> list[dict]:
         said = f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"
         rows.append({"part": "torch.compile against eager", "result": f"{said} faster",
                      "target": None, "met": None, "ref": "bench-compile"})
-    return rows
+    return rows + summary_rows(ctx.get("optimized", {}))
 
 
 def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> tuple[list[str], bool]:
