@@ -52,20 +52,11 @@ def _ptxas_report(ptx: str) -> dict:
     return facts
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=("forward", "backward"), default=None)
-    p.add_argument("--d", default="64,128", help="head dims, comma-separated")
-    p.add_argument("--dtypes", default="bf16,fp16")
-    p.add_argument("--json", type=Path, default=None, help="write the report here too")
-    opts = p.parse_args(argv)
-
+def _catch_launches(opts) -> list:
+    """Run the launchers on CPU tensors with every Gluon launch caught: [(kernel, args, kwargs)]. The
+    patches (kernels' `run`, the CUDA check) are undone before returning."""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import JITFunction, create_function_from_signature
+    from triton.runtime.jit import JITFunction
 
     from cs336sys.attention import (
         flash_gluon,
@@ -75,33 +66,67 @@ def main(argv: list[str] | None = None) -> int:
         flash_triton_backward,
     )
 
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
     caught = []
+    patched = [(flash_triton_backward.backward_delta_kernel, "run"), (flash_gluon, "check_gluon_inputs")]
+    for module in (flash_gluon_forward, flash_gluon_forward_ws, flash_gluon_backward):
+        patched += [(value, "run") for value in vars(module).values()
+                    if isinstance(value, JITFunction) and value.__module__ == module.__name__
+                    and value.__name__.endswith("_kernel")]
+    saved = [(obj, name, obj.__dict__.get(name, _UNSET)) for obj, name in patched]
 
     def catch(kernel):
         def run(*args, grid, warmup, **kwargs):
             caught.append((kernel, args, kwargs))
-        kernel.run = run
+        return run
 
-    for module in (flash_gluon_forward, flash_gluon_forward_ws, flash_gluon_backward):
-        for value in vars(module).values():
-            if (isinstance(value, JITFunction) and value.__module__ == module.__name__
-                    and value.__name__.endswith("_kernel")):
-                catch(value)
-    flash_triton_backward.backward_delta_kernel.run = lambda *a, **k: None  # `tl`: kernel_equivalence's job
-    flash_gluon.check_gluon_inputs = lambda *a: None  # CPU tensors stand in for CUDA ones
+    try:
+        for obj, name in patched[2:]:
+            setattr(obj, name, catch(obj))
+        flash_triton_backward.backward_delta_kernel.run = lambda *a, **k: None  # `tl`: kernel_equivalence's
+        flash_gluon.check_gluon_inputs = lambda *a: None  # CPU tensors stand in for CUDA ones
+        dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[name] for name in opts.dtypes.split(",")]
+        for d, dtype, seq, causal in itertools.product([int(x) for x in opts.d.split(",")], dtypes,
+                                                       [int(x) for x in opts.seqs.split(",")],
+                                                       [bool(int(x)) for x in opts.causal.split(",")]):
+            q = torch.randn(2, 3, seq, d, dtype=dtype)
+            if opts.only != "backward":
+                flash_gluon.flash_attention_gluon_forward(q, q, q, causal)
+            if opts.only != "forward":
+                lse = torch.zeros(q.shape[:-1], dtype=torch.float32)
+                for tiles in flash_gluon.BACKWARD_VARIANTS[d]:
+                    flash_gluon.flash_attention_gluon_backward(q, q, q, q, lse, q, causal, tiles)
+    finally:
+        for obj, name, value in saved:
+            if value is _UNSET:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+    return caught
 
-    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[name] for name in opts.dtypes.split(",")]
-    for d, dtype, seq, causal in itertools.product([int(x) for x in opts.d.split(",")], dtypes, (256, 300),
-                                                   (True, False)):
-        q = torch.randn(2, 3, seq, d, dtype=dtype)
-        if opts.only != "backward":
-            flash_gluon.flash_attention_gluon_forward(q, q, q, causal)
-        if opts.only != "forward":
-            lse = torch.zeros(q.shape[:-1], dtype=torch.float32)
-            for tiles in flash_gluon.BACKWARD_VARIANTS[d]:
-                flash_gluon.flash_attention_gluon_backward(q, q, q, q, lse, q, causal, tiles)
+
+_UNSET = object()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=("forward", "backward"), default=None)
+    p.add_argument("--d", default="64,128", help="head dims, comma-separated")
+    p.add_argument("--dtypes", default="bf16,fp16")
+    p.add_argument("--seqs", default="256,300", help="sequence lengths (a multiple of 16 or not: the two "
+                   "integer specialisations)")
+    p.add_argument("--causal", default="1,0")
+    p.add_argument("--json", type=Path, default=None, help="write the report here too")
+    opts = p.parse_args(argv)
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    caught = _catch_launches(opts)
 
     report, seen, failed = [], set(), 0
     for kernel, args, kwargs in caught:

@@ -84,11 +84,12 @@ class GluonBackwardTiles:
 
 
 # The backward's tiles by head dimension (first: the default). 64 query rows (one warpgroup's MMA
-# height) a step; 128 keys a program as two warpgroups of 64 (FlashAttention-3's Hopper choice at
-# d 64 and d 128). Not yet measured: see notes/flash_attention.md ("Gluon backward").
+# height) a step; 128 keys a program for two warpgroups (FlashAttention-3's Hopper choice at d 64 and
+# d 128). All compile for sm_90 without spills (tools/gluon_compile_check.py, Triton 3.6); none measured
+# yet: see notes/flash_attention.md ("Gluon backward (Hopper)").
 BACKWARD_VARIANTS = {
     64: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4), GluonBackwardTiles(64, 128, 3, 8)],
-    128: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
+    128: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4), GluonBackwardTiles(64, 128, 3, 8)],
 }
 BACKWARD_TILES = {d: variants[0] for d, variants in BACKWARD_VARIANTS.items()}
 BACKWARDS = ("gluon", "tl")

@@ -71,24 +71,25 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, q_bars, do_bars, q_row0, t_lo, 
 
 
 @gluon.jit
-def _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, q_bars, do_bars, q_desc, do_desc,
+def _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, q_bars, do_bars, q_desc, do_desc,
                  LSE, DELTA, DQ, q_row0, keys, t_from, t_to, t_lo, n_steps, seq_q, seq_k, qk_scale, sm_scale,
-                 s_layout: gl.constexpr, kv_layout: gl.constexpr, dq_layout: gl.constexpr,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 MASK: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                 runtime_zero, s_layout: gl.constexpr, dq_layout: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr):
     """Query tiles [t_from, t_to) against this program's key tile: accumulate dK, dV (returned) and add
     each tile's dQ into the workspace. Step i = t - t_lo uses ring slot i % STAGES."""
-    dtype: gl.constexpr = k_smem.dtype
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # the query index of a column of S^T
-    dq_rows_layout: gl.constexpr = gl.SliceLayout(1, dq_layout)
-    d_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    dtype: gl.constexpr = q_smem.dtype
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    # dQ's element offsets within the head (32-bit), from the head's 64-bit base.
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    dq_head = DQ + q_row0.to(gl.int64) * HEAD_DIM
     for t in range(t_from, t_to):
         i = t - t_lo
         slot = i % STAGES
         phase = (i // STAGES) & 1
         m0 = t * BLOCK_M
-        rows = m0 + gl.arange(0, BLOCK_M, layout=col_layout)
+        rows = m0 + gl.arange(0, BLOCK_M, layout=row_layout)
         if MASK:
             lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
             delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
@@ -96,38 +97,48 @@ def _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, q_bars, do_ba
             lse2 = gl.load(LSE + q_row0 + rows) * 1.4426950408889634
             delta = gl.load(DELTA + q_row0 + rows)
         q_slot = q_smem.index(slot)
+        # Views through a runtime zero that varies with t: without it the compiler hoists the ~40
+        # loop-invariant 64-bit MMA descriptors of these buffers out of the loop (spills at d 128).
+        here = t * runtime_zero
+        k_buf = k_smem.index(here)
+        v_buf = v_smem.index(here)
+        p_buf = p_smem.index(here)
+        ds_buf = ds_smem.index(here)
         do_slot = do_smem.index(slot)
-        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
 
         mbarrier.wait(q_bars.index(slot), phase)
-        s_t = warpgroup_mma(k_smem, q_slot.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_slot, k_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         mbarrier.wait(do_bars.index(slot), phase)
-        dp_t = warpgroup_mma(v_smem, do_slot.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t,))
-        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
+        dp = warpgroup_mma(do_slot, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
         if MASK:
-            keep = (gl.expand_dims(rows, 0) < seq_q) & (gl.expand_dims(keys, 1) < seq_k)
+            keep = (gl.expand_dims(rows, 1) < seq_q) & (gl.expand_dims(keys, 0) < seq_k)
             if IS_CAUSAL:
-                keep = keep & (gl.expand_dims(rows, 0) >= gl.expand_dims(keys, 1))
-            p_t = gl.where(keep, p_t, 0.0)
-        dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), p_layout), do_slot, dv, is_async=True)
-        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t,))
-        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0)) * sm_scale
-        ds_smem.store(ds_t.to(dtype))
+                keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
+            p = gl.where(keep, p, 0.0)
+        p_buf.store(p.to(dtype))
         fence_async_shared()
-        gl.thread_barrier()  # every warpgroup's rows of dS^T are in place before dQ reads them all
-        dk = warpgroup_mma(ds_smem, q_slot, dk, is_async=True)
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
-                           use_acc=False, is_async=True)
+        gl.thread_barrier()  # all of P is in place: each warpgroup's dV rows need every warp's columns
+        dv = warpgroup_mma(p_buf.permute((1, 0)), do_slot, dv, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))  # dV may still run under dS
+        ds = p * (dp - gl.expand_dims(delta, 1)) * sm_scale
+        ds_buf.store(ds.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # all of dS is in place before dK and dQ read it
+        dk = warpgroup_mma(ds_buf.permute((1, 0)), q_slot, dk, is_async=True)
+        dq = warpgroup_mma(ds_buf, k_buf, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout), use_acc=False,
+                           is_async=True)
         dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
 
-        q_rows = m0 + gl.arange(0, BLOCK_M, layout=dq_rows_layout)
-        dq_offs = (q_row0 + gl.expand_dims(q_rows, 1)).to(gl.int64) * HEAD_DIM + gl.expand_dims(d_cols, 0)
+        dq_r = m0 + dq_rows
+        dq_ptrs = dq_head + (gl.expand_dims(dq_r, 1) * HEAD_DIM + gl.expand_dims(dq_cols, 0))
         if MASK:
-            gl.atomic_add(DQ + dq_offs, dq, mask=gl.expand_dims(q_rows, 1) < seq_q, sem="relaxed")
+            gl.atomic_add(dq_ptrs, dq, mask=gl.expand_dims(dq_r, 1) < seq_q, sem="relaxed")
         else:
-            gl.atomic_add(DQ + dq_offs, dq, sem="relaxed")
-        # Every warpgroup has waited on its products of this step: the slot and dS^T may be reused.
+            gl.atomic_add(dq_ptrs, dq, sem="relaxed")
+        # Every warpgroup has waited on its products of this step: the slot, P and dS may be reused.
         gl.thread_barrier()
         _load_q_do(q_desc, do_desc, q_smem, do_smem, q_bars, do_bars, q_row0, t_lo, i + STAGES, n_steps,
                    BLOCK_M, STAGES)
@@ -136,12 +147,13 @@ def _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, q_bars, do_ba
 
 @gluon.jit
 def flash_backward_gluon_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, DQ, LSE, DELTA, seq_q, seq_k,
-                                qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                                 num_warps: gl.constexpr):
     """Grid (batch*heads, key tiles). DQ: the fp32 workspace (zeroed), (batch*heads*seq_q, HEAD_DIM)."""
     gl.static_assert(num_warps % 4 == 0, "warpgroup MMAs: whole warpgroups")
-    gl.static_assert(BLOCK_N % (16 * num_warps) == 0, "16 key rows per warp and MMA")
+    gl.static_assert(BLOCK_M == 64, "query tiles of one warpgroup MMA's height")
+    gl.static_assert(BLOCK_N % (16 * num_warps) == 0, "16 key rows per warp for dK, dV")
     gl.static_assert(BLOCK_N % BLOCK_M == 0, "causal tiles line up on the diagonal")
     bh = gl.program_id(0)
     pid_n = gl.program_id(1)  # causal: key tile 0 sees the most query tiles, and starts first
@@ -149,21 +161,22 @@ def flash_backward_gluon_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, DQ, LSE
     dtype: gl.constexpr = q_desc.dtype
     GROUPS: gl.constexpr = num_warps // 4
 
-    # Keys on the rows: each warp owns 16 key rows of S^T, dP^T, dK, dV. dQ (query rows, 64 = one
-    # warpgroup's MMA height) is split along the head dimension between the warpgroups.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+    # Products with query rows (S, dP, dQ: 64 rows, one warpgroup MMA high) split their columns between
+    # the warpgroups; products with key rows (dK, dV) give each warp 16 keys.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, GROUPS],
+                                                       instr_shape=[16, BLOCK_N // GROUPS, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, GROUPS],
                                                         instr_shape=[16, HEAD_DIM // GROUPS, 16])
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype)
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], pds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_M, BLOCK_N], pds_layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -173,7 +186,7 @@ def flash_backward_gluon_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, DQ, LSE
         mbarrier.init(q_bars.index(s), count=1)
         mbarrier.init(do_bars.index(s), count=1)
 
-    # Query tiles to visit: [t_lo, t_hi). Masked: [t_lo, t_diag) (cross the diagonal) and
+    # Query tiles to visit: [t_lo, t_hi). Masked: [t_lo, t_diag) (they cross the diagonal) and
     # [t_free, t_hi) (the ragged last tile; every tile if this key tile is ragged).
     t_hi = (seq_q + BLOCK_M - 1) // BLOCK_M
     if IS_CAUSAL:
@@ -189,29 +202,29 @@ def flash_backward_gluon_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, DQ, LSE
     kv_row0 = bh * seq_k
     q_row0 = bh * seq_q
     mbarrier.expect(kv_bars.index(0), k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [kv_row0 + n0, 0], kv_bars.index(0), k_smem)
+    tma.async_copy_global_to_shared(k_desc, [kv_row0 + n0, 0], kv_bars.index(0), k_smem.index(0))
     mbarrier.expect(kv_bars.index(1), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [kv_row0 + n0, 0], kv_bars.index(1), v_smem)
+    tma.async_copy_global_to_shared(v_desc, [kv_row0 + n0, 0], kv_bars.index(1), v_smem.index(0))
     for s in gl.static_range(STAGES):
         _load_q_do(q_desc, do_desc, q_smem, do_smem, q_bars, do_bars, q_row0, t_lo, s, n_steps, BLOCK_M, STAGES)
     mbarrier.wait(kv_bars.index(0), 0)
     mbarrier.wait(kv_bars.index(1), 0)
 
-    keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    dk, dv = _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, q_bars, do_bars, q_desc, do_desc,
-                          LSE, DELTA, DQ, q_row0, keys, t_lo, t_diag, t_lo, n_steps, seq_q, seq_k, qk_scale,
-                          sm_scale, s_layout, kv_layout, dq_layout, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-                          IS_CAUSAL)
-    dk, dv = _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, q_bars, do_bars, q_desc, do_desc,
-                          LSE, DELTA, DQ, q_row0, keys, t_diag, t_free, t_lo, n_steps, seq_q, seq_k, qk_scale,
-                          sm_scale, s_layout, kv_layout, dq_layout, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
-                          IS_CAUSAL)
-    dk, dv = _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, q_bars, do_bars, q_desc, do_desc,
-                          LSE, DELTA, DQ, q_row0, keys, t_free, t_hi, t_lo, n_steps, seq_q, seq_k, qk_scale,
-                          sm_scale, s_layout, kv_layout, dq_layout, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-                          IS_CAUSAL)
+    dk, dv = _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, q_bars, do_bars, q_desc,
+                          do_desc, LSE, DELTA, DQ, q_row0, keys, t_lo, t_diag, t_lo, n_steps, seq_q, seq_k,
+                          qk_scale, sm_scale, runtime_zero, s_layout, dq_layout, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                          True, IS_CAUSAL)
+    dk, dv = _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, q_bars, do_bars, q_desc,
+                          do_desc, LSE, DELTA, DQ, q_row0, keys, t_diag, t_free, t_lo, n_steps, seq_q, seq_k,
+                          qk_scale, sm_scale, runtime_zero, s_layout, dq_layout, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                          False, IS_CAUSAL)
+    dk, dv = _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, q_bars, do_bars, q_desc,
+                          do_desc, LSE, DELTA, DQ, q_row0, keys, t_free, t_hi, t_lo, n_steps, seq_q, seq_k,
+                          qk_scale, sm_scale, runtime_zero, s_layout, dq_layout, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                          True, IS_CAUSAL)
 
     mbarrier.invalidate(kv_bars.index(0))
     mbarrier.invalidate(kv_bars.index(1))
@@ -252,6 +265,6 @@ def flash_backward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
     sm_scale = 1.0 / math.sqrt(d)
     handle = flash_backward_gluon_kernel[(bh, math.ceil(seq_k / block_n))](
         descriptor(q, seq_q, block_m), descriptor(k, seq_k, block_n), descriptor(v, seq_k, block_n),
-        descriptor(grad_out, seq_q, block_m), dk, dv, dq_acc, lse, delta, seq_q, seq_k, sm_scale * LOG2E, sm_scale,
+        descriptor(grad_out, seq_q, block_m), dk, dv, dq_acc, lse, delta, seq_q, seq_k, sm_scale * LOG2E, sm_scale, 0,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, IS_CAUSAL=is_causal, num_warps=num_warps)
     return dq_acc.view(q.shape).to(q.dtype), dk, dv, handle
