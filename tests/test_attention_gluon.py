@@ -117,7 +117,7 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 128, 2, 6), "whole warpgroups"),
     (GluonBackwardTiles(64, 64, 2, 8), "16 keys per warp"),
     (GluonBackwardTiles(32, 64, 2, 4), "query tiles of 64 rows"),
-    (GluonBackwardTiles(128, 64, 2, 4), "multiple of the query rows"),
+    (GluonBackwardTiles(128, 128, 2, 8), "query tiles of 64 rows"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)

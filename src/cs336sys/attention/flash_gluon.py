@@ -76,8 +76,8 @@ class GluonBackwardTiles:
         """Why the backward kernel cannot take these tiles (None: it can)."""
         if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
             return f"{self}: whole warpgroups, 16 keys per warp"
-        if self.block_m % 64 or self.block_n % self.block_m:
-            return f"{self}: query tiles of 64 rows or a multiple, keys a multiple of the query rows"
+        if self.block_m != 64:  # one warpgroup MMA high; keys, a multiple of 64, line up on the diagonal
+            return f"{self}: query tiles of 64 rows"
         if d % (8 * (self.num_warps // 4)):
             return f"{self}: d={d} cannot be split between {self.num_warps // 4} warpgroups"
         return None

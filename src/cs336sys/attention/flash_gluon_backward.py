@@ -6,15 +6,15 @@ no warp specialisation):
 - One program per (batch*head, key tile of BLOCK_N keys). K and V are loaded once by TMA into shared
   memory; the query tiles (BLOCK_M rows) that can see the key tile stream through a ring of STAGES
   shared-memory slots of Q and dO (one mbarrier per tensor and slot); L and D of a query tile are
-  plain vector loads. Per query tile, all as asynchronous warpgroup MMAs, in transposed tiles
-  (keys on the rows, so that each warpgroup of the CTA owns 64 keys):
-    S^T  = K Q^T            (A = K from shared memory, B = the permuted Q slot)
-    dP^T = V dO^T           (issued right after S^T, so it runs under the exponentials)
-    P^T  = exp2(S^T * scale * log2(e) - L * log2(e)), masked to 0 where a mask applies
-    dV  += P^T dO           (A = P^T from registers)
-    dS^T = P^T (dP^T - D) * scale, stored to shared memory (bf16/fp16)
-    dK  += dS^T Q           (A = dS^T from shared memory)
-    dQ_t = dS K             (A = the permuted dS^T buffer; each warpgroup a slice of the head dim)
+  plain vector loads. Per query tile, all as asynchronous warpgroup MMAs, queries on the rows (the
+  64 rows of a tile are one warpgroup MMA high; with two warpgroups each takes half the columns):
+    S    = Q K^T            (A = the Q slot, B = the permuted K buffer)
+    dP   = dO V^T           (issued right after S, so it runs under the exponentials)
+    P    = exp2(S * scale * log2(e) - L * log2(e)), masked to 0 where a mask applies; to shared memory
+    dV  += P^T dO           (A = the permuted P buffer; each warpgroup owns 64 keys of dK, dV)
+    dS   = P (dP - D) * scale, to shared memory (bf16/fp16)
+    dK  += dS^T Q           (A = the permuted dS buffer)
+    dQ_t = dS K             (A = the dS buffer; each warpgroup half of the head dimension)
   and dQ_t is added with fp32 atomics (relaxed) into an fp32 workspace (batch*heads*seq_q, d), which
   the launcher converts to the output dtype in one pass. The softmax scale is folded into dS, so dK
   and the workspace need no scaling.
@@ -31,10 +31,15 @@ TMA reads use 2-D views (batch*heads*seq, d): rows past a head's end belong to t
 zero-filled past the tensor). Those rows are masked in P (hence in dS), so they contribute to nothing;
 dQ atomics, dK and dV stores are masked to this head's rows.
 
-Barriers in a step: the dS^T buffer is written by every warpgroup and read whole by the dQ product, so
-the store is followed by `fence_async_shared` (generic to async proxy) and a CTA barrier; at the end of
-a step, after every product of the step has been waited on, a CTA barrier precedes the TMA refill of
-the step's ring slot (and the next step's dS^T store).
+Barriers in a step: the P and dS buffers are written by every warp and read across warpgroups by the
+MMAs, so each store is followed by `fence_async_shared` (generic to async proxy) and a CTA barrier; at
+the end of a step, after every product of the step has been waited on, a CTA barrier precedes the TMA
+refill of the step's ring slot (and the next step's P and dS stores).
+
+Register pressure: the K, V, P and dS buffers are viewed through `index(t * runtime_zero)`, a kernel
+argument that is always 0 but unknown to the compiler. Without it the ~40 loop-invariant 64-bit wgmma
+shared-memory descriptors of those buffers were hoisted out of the query loop and held in registers,
+which spilled at d 128 (tools/gluon_compile_check.py reports registers and spills per variant).
 """
 
 from __future__ import annotations
