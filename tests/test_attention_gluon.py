@@ -1,8 +1,10 @@
-"""The Gluon FlashAttention forward (Hopper): selection and refusal on any machine, float64 checks on a GPU.
+"""The Gluon FlashAttention kernels (Hopper): selection and refusal on any machine, float64 checks on a GPU.
 
-On the CPU (CI's Triton may differ from the GPU hosts' 3.6) the modules must import and every input the
-kernels cannot take must be refused with a message saying why. On a Hopper GPU: O and L of the forward,
-and the gradients through `FlashAttentionGluon` (whose backward is the `tl` one), against float64.
+On the CPU (CI's Triton may differ from the GPU hosts' 3.6) the modules must import, every input the
+kernels cannot take must be refused with a message saying why, and the backward switch (Gluon or `tl`)
+must resolve as documented; with Triton 3.6 installed, the backward kernel is compiled for sm_90. On a
+Hopper GPU: O and L of the forward, dQ, dK, dV of the Gluon backward, and the gradients through
+`FlashAttentionGluon` with either backward, against float64.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from conftest import reference_attention, rel_err
 
 from cs336sys.attention import flash_gluon
 from cs336sys.attention.flash_gluon import (
+    BACKWARD_ENV,
     FlashAttentionGluon,
+    GluonBackwardTiles,
     GluonUnsupported,
+    backward_choice,
     capability_refusal,
+    flash_attention_gluon_backward,
     flash_attention_gluon_forward,
     gluon_import_error,
     gluon_refusal,
@@ -28,9 +34,10 @@ def test_kernel_module_imports():
     """The kernels are only decorated at import (compiled at the first launch), so this Triton suffices."""
     if gluon_import_error() is not None:
         pytest.skip(f"no Gluon here: {gluon_import_error()}")
-    from cs336sys.attention import flash_gluon_forward
+    from cs336sys.attention import flash_gluon_backward, flash_gluon_forward
 
     assert callable(flash_gluon_forward.flash_forward_gluon_kernel)
+    assert callable(flash_gluon_backward.flash_backward_gluon_kernel)
 
 
 def cpu_qkv(d=64, dtype=torch.bfloat16, lead=(2,), seq=16):
@@ -51,6 +58,9 @@ def test_refusals_say_why(dtype, d, needle):
         flash_attention_gluon_forward(q, k, v, True)
     with pytest.raises(GluonUnsupported, match=needle):
         FlashAttentionGluon.apply(q, k, v, False)
+    lse = torch.zeros(q.shape[:-1])
+    with pytest.raises(GluonUnsupported, match=needle):
+        flash_attention_gluon_backward(q, k, v, q, lse, q, True)
 
 
 def test_malformed_inputs_fail_as_for_every_implementation():
@@ -74,6 +84,64 @@ def test_forward_tiles_cover_the_head_dims():
     for tiles in flash_gluon.FORWARD_TILES.values():
         assert tiles.num_warps % 4 == 0 and tiles.block_m % (16 * tiles.num_warps) == 0  # 16 rows a warp
         assert str(tiles).startswith(f"{tiles.block_m}x{tiles.block_n}/")
+
+
+def test_backward_choice(monkeypatch):
+    monkeypatch.delenv(BACKWARD_ENV, raising=False)
+    assert backward_choice() == "gluon"  # the default
+    assert backward_choice("tl") == "tl"
+    monkeypatch.setenv(BACKWARD_ENV, "tl")
+    assert backward_choice() == "tl"
+    assert backward_choice("gluon") == "gluon"  # the argument wins over the environment
+    monkeypatch.setenv(BACKWARD_ENV, "cudnn")
+    with pytest.raises(ValueError, match=BACKWARD_ENV):
+        backward_choice()
+
+
+def test_unknown_backward_fails_before_the_forward():
+    q, k, v = cpu_qkv()
+    with pytest.raises(ValueError, match="unknown Gluon backward 'fast'"):
+        FlashAttentionGluon.apply(q, k, v, True, "fast")
+
+
+def test_backward_tiles_cover_the_head_dims():
+    assert set(flash_gluon.BACKWARD_TILES) == set(flash_gluon.GLUON_HEAD_DIMS)
+    for d, variants in flash_gluon.BACKWARD_VARIANTS.items():
+        assert variants[0] == flash_gluon.BACKWARD_TILES[d]
+        for tiles in variants:
+            assert tiles.refusal(d) is None, tiles
+            assert str(tiles).startswith(f"bwd q{tiles.block_m}/kv{tiles.block_n}/")
+
+
+@pytest.mark.parametrize("tiles,needle", [
+    (GluonBackwardTiles(64, 128, 2, 6), "whole warpgroups"),
+    (GluonBackwardTiles(64, 64, 2, 8), "16 keys per warp"),
+    (GluonBackwardTiles(32, 64, 2, 4), "query tiles of 64 rows"),
+    (GluonBackwardTiles(128, 128, 2, 8), "query tiles of 64 rows"),
+])
+def test_bad_backward_tiles_are_refused(tiles, needle):
+    assert needle in tiles.refusal(64)
+
+
+def test_backward_compiles_for_hopper():
+    """The backward kernel through Triton's whole sm_90 pipeline (ptxas included) on this machine. Only
+    with the GPU hosts' Triton 3.6 (later Gluon renamed the TMA copies): install it beside the project's
+    with `pip install --no-deps --target DIR triton==3.6.0` and put DIR first on PYTHONPATH."""
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"the Gluon kernels are written for Triton 3.6 (the GPU hosts'); this is {triton.__version__}")
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "gluon_compile_check.py"
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool
+    spec.loader.exec_module(tool)
+    assert tool.main(["--only", "backward", "--d", "64", "--dtypes", "bf16", "--seqs", "300",
+                      "--causal", "1"]) == 0
 
 
 def hopper() -> bool:
@@ -103,13 +171,14 @@ SHAPES = [  # (leading dims, seq_q, seq_k, d, causal)
 ]
 
 
+@pytest.mark.parametrize("backward", ["gluon", "tl"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("lead,seq_q,seq_k,d,causal", SHAPES)
 @on_hopper
-def test_gluon_matches_float64(lead, seq_q, seq_k, d, causal, dtype, fresh_seed):
+def test_gluon_matches_float64(lead, seq_q, seq_k, d, causal, dtype, backward, fresh_seed):
     make = lambda n: torch.randn(*lead, n, d, device="cuda", dtype=dtype, requires_grad=True)
     q, k, v = make(seq_q), make(seq_k), make(seq_k)
-    out = FlashAttentionGluon.apply(q, k, v, causal)
+    out = FlashAttentionGluon.apply(q, k, v, causal, backward)
     lse = next(t for t in out.grad_fn.saved_tensors if t.shape == q.shape[:-1])
     grad_out = torch.randn_like(out)
     out.backward(grad_out)
@@ -141,3 +210,61 @@ def test_warp_specialised_forward_matches_float64(lead, seq_q, seq_k, causal, d,
     out, lse = flash_attention_gluon_forward(q, k, v, causal, tiles)
     ref_out, ref_lse, *_ = reference_attention(q, k, v, torch.zeros_like(q), causal)
     assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 2e-2
+
+
+BACKWARD_SHAPES = [  # (leading dims, seq_q, seq_k, d, causal): ragged lengths 1, 127, 200, 513
+    ((2,), 1, 1, 64, True),
+    ((1, 2), 1, 1, 128, False),
+    ((1, 2), 127, 127, 128, True),
+    ((2,), 200, 200, 64, False),
+    ((2, 2), 513, 513, 64, True),
+    ((1, 3), 513, 513, 128, False),
+    ((3,), 200, 513, 128, True),  # causal, more keys than queries: the last keys get no gradient
+    ((1, 2), 513, 127, 64, True),  # causal, more queries than keys
+    ((2,), 256, 256, 128, True),  # whole tiles: the unmasked loop only past the diagonal
+]
+
+
+def gluon_backward_errors(lead, seq_q, seq_k, d, causal, dtype, tiles=None) -> dict:
+    """Relative errors of dQ, dK, dV from the Gluon backward (given the Gluon forward's O and L) against
+    float64, and whether each came out finite."""
+    q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=dtype) for n in (seq_q, seq_k, seq_k))
+    grad_out = torch.randn_like(q)
+    out, lse = flash_attention_gluon_forward(q, k, v, causal)
+    dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, tiles)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert dq.dtype == dk.dtype == dv.dtype == dtype
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    _, _, ref_dq, ref_dk, ref_dv = reference_attention(q, k, v, grad_out, causal)
+    return {"dQ": rel_err(dq, ref_dq), "dK": rel_err(dk, ref_dk), "dV": rel_err(dv, ref_dv)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("lead,seq_q,seq_k,d,causal", BACKWARD_SHAPES)
+@on_hopper
+def test_gluon_backward_matches_float64(lead, seq_q, seq_k, d, causal, dtype, fresh_seed):
+    errors = gluon_backward_errors(lead, seq_q, seq_k, d, causal, dtype)
+    assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 2), 513, 513, True), ((2,), 200, 513, False)])
+@on_hopper
+def test_every_backward_variant_matches_float64(lead, seq_q, seq_k, causal, d, fresh_seed):
+    for tiles in flash_gluon.BACKWARD_VARIANTS[d]:
+        errors = gluon_backward_errors(lead, seq_q, seq_k, d, causal, torch.bfloat16, tiles)
+        assert all(e < TOLERANCE[torch.bfloat16] for e in errors.values()), (str(tiles), errors)
+
+
+@on_hopper
+def test_gluon_backward_writes_every_gradient(fresh_seed):
+    """Key tiles no query sees (causal, more keys than queries) must still get their zeros written:
+    memory just freed is filled with NaN first, so that an unwritten element is caught."""
+    q = torch.randn(2, 3, 100, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 3, 333, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out, lse = flash_attention_gluon_forward(q, k, v, True)
+    poison = torch.full((4 * 2 * 3 * 333 * 64,), float("nan"), device="cuda")
+    del poison
+    dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, torch.randn_like(q), True)
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    assert (dk[..., 100:, :] == 0).all() and (dv[..., 100:, :] == 0).all()

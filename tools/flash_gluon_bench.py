@@ -1,17 +1,24 @@
-"""The Gluon FlashAttention forward beside cuDNN, SDPA flash and our `triton.language` kernels, one process.
+"""The Gluon FlashAttention kernels beside cuDNN, SDPA flash and our `triton.language` kernels, one process.
 
-Run on a Hopper GPU host (notes/flash_attention.md, "Gluon kernels (Hopper)"):
+Run on a Hopper GPU host (notes/flash_attention.md, "Gluon kernels (Hopper)", "Gluon backward (Hopper)"):
 
     PYTHONPATH=src python3 tools/flash_gluon_bench.py --out $OUT [--shapes lb25,lb26] [--variants all]
+    PYTHONPATH=src python3 tools/flash_gluon_bench.py --out $OUT --backward-only   # the backward alone
 
 1. Each Gluon variant (tiles x ring depth x warps x loop schedule) is checked against float64 at small
    ragged shapes, causal and not, both head dims, bf16 and fp16 (O and L); a variant that fails to
    compile or to match is reported and skipped.
 2. At each leaderboard shape, causal bf16: cuDNN and SDPA flash (forward, forward+backward), our
    pointer kernels with the table's tiles (and at d 128 the 8B step's tiles), and each Gluon variant
-   (forward; forward+backward through `FlashAttentionGluon`, whose backward is the `tl` one).
-   Medians of `triton.testing.do_bench`; ratios to cuDNN's time in this process.
-Rows go to OUT/rows.jsonl; a table is printed last.
+   (forward; forward+backward through `FlashAttentionGluon` with the Gluon backward and with the `tl`
+   one). Medians of `triton.testing.do_bench`; ratios to cuDNN's time in this process.
+3. The backward alone at each shape (unless --no-backward): cuDNN's (autograd.grad over one retained
+   SDPA graph), then from the Gluon forward's O and L the `tl` backward (table tiles; at d 128 also the
+   8B step's) and each Gluon backward variant, launchers called directly; the Gluon and `tl` defaults
+   also through autograd.grad as cuDNN's. Each Gluon variant's dQ, dK, dV are compared with the `tl`
+   backward's at that shape (max abs difference; no float64 there), after the float64 check of step 1
+   at small shapes (dQ, dK, dV).
+Rows go to OUT/rows.jsonl; tables are printed last.
 """
 
 from __future__ import annotations
@@ -28,14 +35,19 @@ import triton.testing
 
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles
 from cs336sys.attention.flash_gluon import (
+    BACKWARD_TILES,
+    BACKWARD_VARIANTS,
     FORWARD_TILES,
     LAUNCHED,
     FlashAttentionGluon,
+    GluonBackwardTiles,
     GluonTiles,
+    flash_attention_gluon_backward,
     flash_attention_gluon_forward,
 )
 from cs336sys.attention.flash_triton import (
     FlashAttention2Triton,
+    flash_attention_triton_backward,
     flash_attention_triton_forward,
 )
 from cs336sys.attention.naive import attention_logsumexp, naive_attention
@@ -55,7 +67,7 @@ VARIANTS = {  # name -> tiles per head dim
 }
 
 
-def compiled_facts(tiles: GluonTiles, d: int) -> dict:
+def compiled_facts(tiles: GluonTiles | GluonBackwardTiles, d: int) -> dict:
     handle = LAUNCHED.get((str(tiles), d, True))
     if handle is None:
         return {}
@@ -99,6 +111,79 @@ def check(tiles: GluonTiles, d: int) -> float:
                 return math.inf
             worst = max(worst, err)
     return worst
+
+
+def check_backward(tiles: GluonBackwardTiles, d: int) -> float:
+    """Largest relative error of dQ, dK, dV (from the Gluon forward's O and L) against float64 over
+    CHECK_SHAPES, bf16 and fp16."""
+    worst = 0.0
+    for dtype in (torch.bfloat16, torch.float16):
+        for lead, seq_q, seq_k, causal in CHECK_SHAPES:
+            q = torch.randn(*lead, seq_q, d, device="cuda", dtype=dtype)
+            k, v = (torch.randn(*lead, seq_k, d, device="cuda", dtype=dtype) for _ in range(2))
+            do = torch.randn_like(q)
+            out, lse = flash_attention_gluon_forward(q, k, v, causal)
+            grads = flash_attention_gluon_backward(q, k, v, out, lse, do, causal, tiles)
+            q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+            naive_attention(q64, k64, v64, causal).backward(do.double())
+            err = max(rel_err(g.double(), r.grad) for g, r in zip(grads, (q64, k64, v64), strict=True))
+            if not math.isfinite(err):
+                return math.inf
+            worst = max(worst, err)
+    return worst
+
+
+def backward_rows(shape_name, q, k, v, do, variants: list[GluonBackwardTiles]) -> list[tuple]:
+    """The backward alone at one shape, causal: cuDNN, `tl`, each Gluon variant (see the docstring)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    d = q.shape[-1]
+    table = []
+    q4, k4, v4, do4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v, do))
+    inputs = tuple(t.detach().requires_grad_() for t in (q4, k4, v4))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        graph = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=True)
+    cudnn = bench(lambda: torch.autograd.grad(graph, inputs, do4, retain_graph=True))
+    graph = inputs = None
+    record(shape=shape_name, impl="cudnn", kind="bwd", bwd_ms=cudnn)
+    table.append((shape_name, "cudnn (autograd)", "", cudnn, math.nan))
+
+    for backward in ("gluon", "tl"):  # the defaults through autograd, as cuDNN's
+        inputs = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        graph = FlashAttentionGluon.apply(*inputs, True, backward)
+        ms = bench(lambda graph=graph, inputs=inputs: torch.autograd.grad(graph, inputs, do, retain_graph=True))
+        graph = inputs = None
+        record(shape=shape_name, impl=f"{backward}_autograd", kind="bwd", bwd_ms=ms, bwd_vs_cudnn=ms / cudnn)
+        table.append((shape_name, f"{backward} (autograd)", "default", ms, math.nan))
+
+    out, lse = flash_attention_gluon_forward(q, k, v, True)
+    tl_configs = [("table", None)]
+    if d == 128:
+        tl_configs.append(("8B tiles", BackwardConfig(64, 128, 128, 64, 8, 3, fused=False)))
+    reference = None
+    for label, config in tl_configs:
+        grads = flash_attention_triton_backward(q, k, v, out, lse, do, True, config)
+        reference = reference or grads
+        ms = bench(lambda config=config: flash_attention_triton_backward(q, k, v, out, lse, do, True, config))
+        record(shape=shape_name, impl="tl", kind="bwd", tiles=label, bwd_ms=ms, bwd_vs_cudnn=ms / cudnn)
+        table.append((shape_name, "tl", label, ms, math.nan))
+    scale = {name: r.float().abs().max().item() for name, r in zip(("dq", "dk", "dv"), reference, strict=True)}
+    for tiles in variants:
+        try:
+            grads = flash_attention_gluon_backward(q, k, v, out, lse, do, True, tiles)
+            diff = {name: (g.float() - r.float()).abs().max().item()
+                    for name, g, r in zip(("dq", "dk", "dv"), grads, reference, strict=True)}
+            grads = None
+            ms = bench(lambda tiles=tiles: flash_attention_gluon_backward(q, k, v, out, lse, do, True, tiles))
+        except Exception as exc:
+            traceback.print_exc()
+            record(shape=shape_name, impl="gluon", kind="bwd", tiles=str(tiles),
+                   error=f"{type(exc).__name__}: {exc}"[:2000])
+            continue
+        record(shape=shape_name, impl="gluon", kind="bwd", tiles=str(tiles), bwd_ms=ms, bwd_vs_cudnn=ms / cudnn,
+               max_abs_diff_vs_tl=diff, max_abs_tl=scale, **compiled_facts(tiles, d))
+        table.append((shape_name, "gluon", str(tiles), ms, max(diff.values())))
+    return [(s, impl, tiles, ms, ms / cudnn, diff) for s, impl, tiles, ms, diff in table]
 
 
 def sdpa_rows(shape_name, q, k, v, do) -> float:
@@ -166,6 +251,9 @@ def main() -> None:
     ap.add_argument("--variants", default="all", help="comma-separated names from VARIANTS, or all")
     ap.add_argument("--no-baselines", action="store_true", help="skip SDPA and the tl kernels")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-backward", action="store_true", help="skip the backward-alone rows")
+    ap.add_argument("--backward-only", action="store_true", help="only the backward: its float64 checks and "
+                    "its rows (cuDNN's and the tl backward's included)")
     ap.add_argument("--profile", default="", help="only run these variants (and 'cudnn') once each inside a "
                     "profiler range, for `ncu --profile-from-start off`")
     args = ap.parse_args()
@@ -173,9 +261,26 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if args.profile:
         return profile(args.shapes.split(","), args.profile.split(","))
-    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    names = [] if args.backward_only else list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     record(kind="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-           default_tiles={d: str(t) for d, t in FORWARD_TILES.items()})
+           default_tiles={d: str(t) for d, t in FORWARD_TILES.items()},
+           default_backward_tiles={d: str(t) for d, t in BACKWARD_TILES.items()})
+    good_bwd = {}
+    for d, variants in ([] if args.no_backward else BACKWARD_VARIANTS.items()):
+        good_bwd[d] = []
+        for tiles in variants:
+            if args.no_check:
+                good_bwd[d].append(tiles)
+                continue
+            try:
+                err = check_backward(tiles, d)
+            except Exception as exc:
+                traceback.print_exc()
+                record(kind="check_bwd", d=d, tiles=str(tiles), error=f"{type(exc).__name__}: {exc}"[:2000])
+                continue
+            record(kind="check_bwd", d=d, tiles=str(tiles), max_rel_err=err, ok=err < 2e-2)
+            if err < 2e-2:
+                good_bwd[d].append(tiles)
     good = {}
     for name in names:
         for d, tiles in VARIANTS[name].items():
@@ -192,14 +297,17 @@ def main() -> None:
             if err < 2e-2:
                 good[name, d] = tiles
 
-    table = []
+    table, bwd_table = [], []
     for shape_name in args.shapes.split(","):
         shape = SHAPES[shape_name]
         *lead, seq, d = shape
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
         cudnn_f, cudnn_fb = math.nan, math.nan
-        if not args.no_baselines:
+        if not args.no_backward:
+            bwd_table += backward_rows(shape_name, q, k, v, do, good_bwd.get(d, []))
+            torch.cuda.empty_cache()
+        if not args.no_baselines and not args.backward_only:
             cudnn_f, cudnn_fb = sdpa_rows(shape_name, q, k, v, do)
             table.append((shape_name, "cudnn", "", cudnn_f, cudnn_fb))
             tl_configs = [("table", None, None)]
@@ -221,16 +329,20 @@ def main() -> None:
             try:
                 fwd = bench(lambda tiles=tiles, q=q, k=k, v=v: flash_attention_gluon_forward(q, k, v, True, tiles))
                 if tiles == FORWARD_TILES[d]:
-                    fb = fwd_bwd(FlashAttentionGluon, q, k, v, do)
+                    fb = fwd_bwd(FlashAttentionGluon, q, k, v, do, "gluon")
+                    fb_tl = fwd_bwd(FlashAttentionGluon, q, k, v, do, "tl")
                 else:
-                    fb = math.nan
+                    fb = fb_tl = math.nan
             except Exception as exc:
                 traceback.print_exc()
                 record(shape=shape_name, impl="gluon", variant=name, error=f"{type(exc).__name__}: {exc}"[:2000])
                 continue
             record(shape=shape_name, impl="gluon", variant=name, tiles=str(tiles), fwd_ms=fwd, fwd_bwd_ms=fb,
-                   fwd_vs_cudnn=fwd / cudnn_f, fwd_bwd_vs_cudnn=fb / cudnn_fb, **compiled_facts(tiles, d))
+                   fwd_vs_cudnn=fwd / cudnn_f, fwd_bwd_vs_cudnn=fb / cudnn_fb, fwd_bwd_tl_bwd_ms=fb_tl,
+                   fwd_bwd_tl_bwd_vs_cudnn=fb_tl / cudnn_fb, **compiled_facts(tiles, d))
             table.append((shape_name, f"gluon {name}", str(tiles), fwd, fb))
+            if fb_tl == fb_tl:  # the default tiles: the same forward with the tl backward
+                table.append((shape_name, f"gluon {name}, tl bwd", str(tiles), fwd, fb_tl))
         q = k = v = do = None
         torch.cuda.empty_cache()
     cudnn = {s: (f, b) for s, impl, _, f, b in table if impl == "cudnn"}
@@ -239,6 +351,11 @@ def main() -> None:
     for s, impl, tiles, f, b in table:
         cf, cb = cudnn.get(s, (math.nan, math.nan))
         print(f"{s:6} {impl:22} {tiles:28} {f:8.3f} {f / cf:8.3f} {b:8.3f} {b / cb:8.3f}")
+    if bwd_table:
+        print("\nbackward alone (from the Gluon forward's O and L; max |diff| of dQ, dK, dV vs the tl backward)")
+        print(f"{'shape':6} {'impl':22} {'tiles':28} {'bwd ms':>8} {'x cuDNN':>8} {'max|diff|':>10}")
+        for s, impl, tiles, ms, ratio, diff in bwd_table:
+            print(f"{s:6} {impl:22} {tiles:28} {ms:8.3f} {ratio:8.3f} {diff:10.3g}")
 
 
 if __name__ == "__main__":

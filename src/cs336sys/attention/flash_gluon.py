@@ -3,8 +3,11 @@
 `FlashAttentionGluon.apply(q, k, v, is_causal=False)` takes (batch, seq, d) or (batch, heads, seq, d)
 tensors in bfloat16 or float16 with d in {64, 128} on a Hopper (compute capability 9.0) CUDA GPU, where
 Triton ships Gluon (3.6 on the GPU hosts). The forward is the Gluon kernel
-(`flash_gluon_forward.flash_forward_gluon_kernel`); the backward is the `triton.language` backward
-(`flash_triton.flash_attention_triton_backward`), which takes the same natural-log L. Anything else is
+(`flash_gluon_forward.flash_forward_gluon_kernel`, warp-specialised by default); the backward is the
+Gluon backward (`flash_gluon_backward`, 5 products per tile pair, dQ by fp32 atomics) or the
+`triton.language` backward (`flash_triton.flash_attention_triton_backward`), both from the same
+natural-log L: `FlashAttentionGluon.apply(q, k, v, is_causal, backward)` with backward "gluon" or "tl",
+or None for the environment variable CS336SYS_GLUON_BACKWARD (default "gluon"). Anything else is
 refused with `GluonUnsupported`, which says why: the `tl` kernels (`flash_triton`) are the fallback
 everywhere the Gluon path cannot run.
 """
@@ -12,6 +15,7 @@ everywhere the Gluon path cannot run.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +58,52 @@ FORWARD_TILES = {
     64: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),
     128: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),  # Q 32 KiB + 3 x 64 KiB of K, V: 229.7 KB
 }
+
+
+@dataclass(frozen=True)
+class GluonBackwardTiles:
+    """One launch of the Gluon backward: query rows per step (the Q/dO ring's tiles), keys per program
+    (K and V held in shared memory), ring depth, warps (4 per warpgroup; each warp owns 16 keys)."""
+    block_m: int
+    block_n: int
+    stages: int
+    num_warps: int
+
+    def __str__(self) -> str:
+        return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
+
+    def refusal(self, d: int) -> str | None:
+        """Why the backward kernel cannot take these tiles (None: it can)."""
+        if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
+            return f"{self}: whole warpgroups, 16 keys per warp"
+        if self.block_m != 64:  # one warpgroup MMA high; keys, a multiple of 64, line up on the diagonal
+            return f"{self}: query tiles of 64 rows"
+        if d % (8 * (self.num_warps // 4)):
+            return f"{self}: d={d} cannot be split between {self.num_warps // 4} warpgroups"
+        return None
+
+
+# The backward's tiles by head dimension (first: the default). 64 query rows (one warpgroup's MMA
+# height) a step; 128 keys a program for two warpgroups (FlashAttention-3's Hopper choice at d 64 and
+# d 128). All compile for sm_90 without spills (tools/gluon_compile_check.py, Triton 3.6); none measured
+# yet: see notes/flash_attention.md ("Gluon backward (Hopper)").
+BACKWARD_VARIANTS = {
+    64: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4), GluonBackwardTiles(64, 128, 3, 8)],
+    128: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4), GluonBackwardTiles(64, 128, 3, 8)],
+}
+BACKWARD_TILES = {d: variants[0] for d, variants in BACKWARD_VARIANTS.items()}
+BACKWARDS = ("gluon", "tl")
+BACKWARD_ENV = "CS336SYS_GLUON_BACKWARD"
+
+
+def backward_choice(choice: str | None = None) -> str:
+    """Which backward `FlashAttentionGluon` runs: `choice` if given, else $CS336SYS_GLUON_BACKWARD, else
+    "gluon"."""
+    choice = choice or os.environ.get(BACKWARD_ENV) or "gluon"
+    if choice not in BACKWARDS:
+        raise ValueError(f"unknown Gluon backward {choice!r} (from {BACKWARD_ENV} or the argument); "
+                         f"known: {', '.join(BACKWARDS)}")
+    return choice
 
 
 def gluon_import_error() -> str | None:
@@ -147,17 +197,42 @@ def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return out, lse
 
 
+def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                                   lse: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
+                                   tiles: GluonBackwardTiles | None = None,
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (shapes and dtypes of q, k, v) from the forward's O and natural-log L, by the Gluon
+    backward (`flash_gluon_backward`)."""
+    check_gluon_inputs(q, k, v, is_causal)
+    from cs336sys.attention.flash_gluon_backward import flash_backward_gluon
+
+    d = q.shape[-1]
+    tiles = tiles or BACKWARD_TILES[d]
+    reason = tiles.refusal(d)
+    if reason is not None:
+        raise ValueError(reason)
+    q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
+    lse = lse if lse.is_contiguous() else lse.contiguous()
+    dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m, tiles.block_n,
+                                              tiles.stages, tiles.num_warps)
+    LAUNCHED[str(tiles), d, is_causal] = handle
+    return dq, dk, dv
+
+
 # The compiled kernel of each (tiles, d, causal) launched in this process: registers, spills, shared
 # memory for the benchmark's report.
 LAUNCHED: dict = {}
 
 
 class FlashAttentionGluon(torch.autograd.Function):
-    """`FlashAttentionGluon.apply(q, k, v, is_causal=False)`: the Gluon forward, and the
-    `triton.language` backward (`flash_triton.flash_attention_triton_backward`) from its O and L."""
+    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, backward=None)`: the Gluon forward, and the
+    backward named by `backward_choice(backward)`: "gluon" (`flash_gluon_backward`) or "tl"
+    (`flash_triton.flash_attention_triton_backward`), from the forward's O and L."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False):
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                backward: str | None = None):
+        ctx.backward = backward_choice(backward)  # a bad name fails here, not in the backward pass
         out, lse = flash_attention_gluon_forward(q, k, v, is_causal)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
@@ -165,8 +240,11 @@ class FlashAttentionGluon(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        from cs336sys.attention.flash_triton import flash_attention_triton_backward
-
         lse, q, k, v, out = ctx.saved_tensors
-        dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
-        return dq, dk, dv, None
+        if ctx.backward == "gluon":
+            dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
+        else:
+            from cs336sys.attention.flash_triton import flash_attention_triton_backward
+
+            dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
+        return dq, dk, dv, None, None
