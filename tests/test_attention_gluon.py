@@ -88,11 +88,11 @@ def test_forward_tiles_cover_the_head_dims():
 
 def test_backward_choice(monkeypatch):
     monkeypatch.delenv(BACKWARD_ENV, raising=False)
-    assert backward_choice() == "gluon"  # the default
-    assert backward_choice("tl") == "tl"
-    monkeypatch.setenv(BACKWARD_ENV, "tl")
-    assert backward_choice() == "tl"
-    assert backward_choice("gluon") == "gluon"  # the argument wins over the environment
+    assert backward_choice() == "tl"  # the default: the faster backward on an H100 so far
+    assert backward_choice("gluon") == "gluon"
+    monkeypatch.setenv(BACKWARD_ENV, "gluon")
+    assert backward_choice() == "gluon"
+    assert backward_choice("tl") == "tl"  # the argument wins over the environment
     monkeypatch.setenv(BACKWARD_ENV, "cudnn")
     with pytest.raises(ValueError, match=BACKWARD_ENV):
         backward_choice()
@@ -236,7 +236,11 @@ def gluon_backward_errors(lead, seq_q, seq_k, d, causal, dtype, tiles=None) -> d
     assert dq.dtype == dk.dtype == dv.dtype == dtype
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
     _, _, ref_dq, ref_dk, ref_dv = reference_attention(q, k, v, grad_out, causal)
-    return {"dQ": rel_err(dq, ref_dq), "dK": rel_err(dk, ref_dk), "dV": rel_err(dv, ref_dv)}
+
+    def err(ours, ref):  # a gradient that is exactly zero (one key: softmax is constant) against dV's size
+        return rel_err(ours, ref) if ref.norm() > 0 else (ours.double().norm() / ref_dv.double().norm()).item()
+
+    return {"dQ": err(dq, ref_dq), "dK": err(dk, ref_dk), "dV": rel_err(dv, ref_dv)}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -7,9 +7,9 @@ Triton ships Gluon (3.6 on the GPU hosts). The forward is the Gluon kernel
 Gluon backward (`flash_gluon_backward`, 5 products per tile pair, dQ by fp32 atomics) or the
 `triton.language` backward (`flash_triton.flash_attention_triton_backward`), both from the same
 natural-log L: `FlashAttentionGluon.apply(q, k, v, is_causal, backward)` with backward "gluon" or "tl",
-or None for the environment variable CS336SYS_GLUON_BACKWARD (default "gluon"). Anything else is
-refused with `GluonUnsupported`, which says why: the `tl` kernels (`flash_triton`) are the fallback
-everywhere the Gluon path cannot run.
+or None for the environment variable CS336SYS_GLUON_BACKWARD (default "tl", the faster of the two so
+far). Anything else is refused with `GluonUnsupported`, which says why: the `tl` kernels
+(`flash_triton`) are the fallback everywhere the Gluon path cannot run.
 """
 
 from __future__ import annotations
@@ -85,11 +85,12 @@ class GluonBackwardTiles:
 
 # The backward's tiles by head dimension (first: the default). 64 query rows (one warpgroup's MMA
 # height) a step; 128 keys a program for two warpgroups (FlashAttention-3's Hopper choice at d 64 and
-# d 128). All compile for sm_90 without spills (tools/gluon_compile_check.py, Triton 3.6); none measured
-# yet: see notes/flash_attention.md ("Gluon backward (Hopper)").
+# d 128). All compile for sm_90 without spills (tools/gluon_compile_check.py, Triton 3.6). On one H100 the
+# 3-deep ring was fastest (2026 shape 56.9 ms against 68.9 with 2 slots) but still 1.42x cuDNN's backward,
+# behind the tl backward's 1.30x: notes/flash_attention.md ("Gluon backward (Hopper)").
 BACKWARD_VARIANTS = {
-    64: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4), GluonBackwardTiles(64, 128, 3, 8)],
-    128: [GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4), GluonBackwardTiles(64, 128, 3, 8)],
+    64: [GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
+    128: [GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
 }
 BACKWARD_TILES = {d: variants[0] for d, variants in BACKWARD_VARIANTS.items()}
 BACKWARDS = ("gluon", "tl")
@@ -98,8 +99,8 @@ BACKWARD_ENV = "CS336SYS_GLUON_BACKWARD"
 
 def backward_choice(choice: str | None = None) -> str:
     """Which backward `FlashAttentionGluon` runs: `choice` if given, else $CS336SYS_GLUON_BACKWARD, else
-    "gluon"."""
-    choice = choice or os.environ.get(BACKWARD_ENV) or "gluon"
+    "tl" (measured faster than the Gluon backward so far)."""
+    choice = choice or os.environ.get(BACKWARD_ENV) or "tl"
     if choice not in BACKWARDS:
         raise ValueError(f"unknown Gluon backward {choice!r} (from {BACKWARD_ENV} or the argument); "
                          f"known: {', '.join(BACKWARDS)}")
