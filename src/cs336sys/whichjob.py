@@ -134,8 +134,9 @@ class Workflow:
     """The workflow of a checkout, parsed by Snakemake for one grid, and its rules' files.
 
     A context manager: inside it the working directory is the workflow's (`smoke/` for the smoke
-    grid); on exit it is what it was. `which` and `rule` answer questions; each builds Snakemake's DAG
-    of what it asks about to judge whether it is up to date.
+    grid); on exit it, the environment and `sys.path` are what they were. `which` and `rule_outputs`
+    answer the two questions; each builds Snakemake's DAG of what it asks about to judge whether it is
+    up to date.
     """
 
     def __init__(self, repo: Path | None = None, config: dict[str, Any] | None = None):
@@ -150,8 +151,9 @@ class Workflow:
         from snakemake.api import SnakemakeApi
         from snakemake.settings.types import ConfigSettings, OutputSettings, Quietness, ResourceSettings
 
-        cwd = os.getcwd()
-        self._stack.callback(os.chdir, cwd)
+        # parsing sets the job environment (os.environ) and puts the checkout's src/ on sys.path: undone on exit
+        cwd, environ, path = os.getcwd(), dict(os.environ), list(sys.path)
+        self._stack.callback(_restore, cwd, environ, path)
         os.chdir(self.repo)
         api = self._stack.enter_context(SnakemakeApi(OutputSettings(quiet={Quietness.ALL})))
         self._api = api.workflow(resource_settings=ResourceSettings(),
@@ -447,6 +449,13 @@ class Workflow:
         if rule.kind == "target":
             d["inputs"] = sorted(self.shown(str(f)) for f in self.snakemake.get_rule(rule.name).input)
         return d
+
+
+def _restore(cwd: str, environ: dict[str, str], path: list[str]) -> None:
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.path[:] = path
 
 
 class WorkflowParseError(RuntimeError):
