@@ -234,8 +234,13 @@ class Workflow:
         inside = [o for o in self.outputs.values() if o.path.startswith(p + "/") or p == "."]
         if inside:
             return p, None, inside
-        close = difflib.get_close_matches(p, list(self.outputs), n=3, cutoff=0.7)
+        close = difflib.get_close_matches(p, list(self.outputs), n=3, cutoff=0.85)
         hint = f"; close: {', '.join(self.shown(c) for c in close)}" if close else ""
+        top = Path(self.shown(p)).parts[0]
+        if top in ("smoke", "next") and top not in self.grid.split("+"):
+            hint = f" (files under {top}/ are grid {top}'s: --config grid={top})"
+        elif self.grid == "main":
+            hint += " (of grid main; the overlay's jobs are in --config grid=next)"
         grid = "" if self.grid == "main" else f" of grid {self.grid}"
         raise Unknown(f"no rule{grid} makes {self.shown(p)}{hint}")
 
@@ -477,13 +482,15 @@ def _what(d: dict[str, Any]) -> str:
     return "the report" if d["kind"] == "report" else "a target"
 
 
-def _where(places: list[str]) -> str:
-    """` (registered at workflow/rules/sharding.smk:16,25,34)`: where the rule comes from, by file."""
+def _where(d: dict[str, Any]) -> str:
+    """` (registered at workflow/rules/sharding.smk:16,25,34)`: where the rule comes from, by file (the
+    part file's registering calls; for the report and targets, the rule itself)."""
     lines: dict[str, list[str]] = {}
-    for place in places:
+    for place in d["registered_in"]:
         f, _, line = place.rpartition(":")
         lines.setdefault(f, []).append(line)
-    return f" (registered at {', '.join(f'{f}:' + ','.join(n) for f, n in lines.items())})" if lines else ""
+    verb = "registered" if d["kind"] in ("experiment", "section") else "defined"
+    return f" ({verb} at {', '.join(f'{f}:' + ','.join(n) for f, n in lines.items())})" if lines else ""
 
 
 def _verdict(d: dict[str, Any], status: str) -> str:
@@ -508,7 +515,7 @@ def render_which(entries: list[dict[str, Any]]) -> str:
                 lines.append(f"  {r['rule']:<36} {r['files']:>3} file(s)  {state:<10}  {_what(r)}")
             continue
         lines.append(e["path"] + (f"  (in {e['in']}/)" if "in" in e else ""))
-        lines.append(f"  rule        {e['rule']}{_where(e['registered_in'])}")
+        lines.append(f"  rule        {e['rule']}{_where(e)}")
         lines.append(f"  made by     {_what(e)}" + (f", its {e['role']}" if e["role"] in ("log", "benchmark") else ""))
         if "point" in e:
             point = json.dumps(e["point"], sort_keys=True)
@@ -521,7 +528,7 @@ def render_which(entries: list[dict[str, Any]]) -> str:
 def render_rule(d: dict[str, Any]) -> str:
     job = ("up to date, pinned" if d["pinned"] else "up to date" if d["up_to_date"]
            else "stale: snakemake would run it")
-    lines = [f"rule {d['rule']}{_where(d['registered_in'])}", f"  made by     {_what(d)}",
+    lines = [f"rule {d['rule']}{_where(d)}", f"  made by     {_what(d)}",
              f"  job         {_verdict(d, job)}"]
     lines += [f"              {line}" for line in d["why"]]
     for e in d["outputs"]:
