@@ -4,6 +4,7 @@
 #   snakemake -n --config grid=next                       # the overlay: what is ahead of the committed report
 # See README.md. The rule of a result file results/<experiment>/... is registered in
 # workflow/rules/<part>.smk; rules.smk turns the registrations into rules.
+# `python -m cs336sys.jobs which FILE` names a file's rule and point; `... rule RULE` lists its files.
 
 configfile: f"{workflow.basedir}/config.yaml"
 

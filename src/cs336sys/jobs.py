@@ -9,6 +9,9 @@ types are clear errors, defaults are filled in), calls the function on every ran
 Outcomes: `ok` (metrics), `oom` (out of memory is a result), `unsupported` (raise `Unsupported`:
 the point cannot run here, for a reason that is a fact), or an error (a bug: no result is written,
 so Snakemake reports the job failed).
+
+`python -m cs336sys.jobs which PATH...` says which rule makes a file, with which point, and whether
+it is up to date; `python -m cs336sys.jobs rule RULE` lists a rule's files (cs336sys.whichjob).
 """
 
 from __future__ import annotations
@@ -187,3 +190,17 @@ def attempt(fn: Callable, settings: Any, run: Run) -> Outcome:
     outcome.wall_s = time.perf_counter() - start
     outcome.metrics["point_wall_s"] = outcome.wall_s
     return outcome
+
+
+# --- the command line: which rule makes a file (no experiment reaches this, so it is in no code hash) --
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`which PATH...` and `rule RULE`: see cs336sys.whichjob."""
+    from cs336sys.whichjob import main as which_main
+
+    return which_main(argv, prog="python -m cs336sys.jobs")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
