@@ -26,9 +26,19 @@ for gpu in LB["gpus"]:
     experiment_job("flash_leaderboard", gpu.lower(), points,
                    [f"results/flash_leaderboard/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points])
 
+# The Gluon kernels (Hopper) at the same shapes, one job per GPU model: cs336sys.attention.bench_gluon.
+GLUON = LB.get("gluon") or {"gpus": []}
+for gpu in GLUON["gpus"]:
+    points = [dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
+              for edition, shape in LB["shapes"].items() for impl in GLUON["impls"]]
+    experiment_job("flash_leaderboard_gluon", gpu.lower(), points,
+                   [f"results/flash_leaderboard_gluon/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points])
+if not GLUON["gpus"]:
+    experiment_job("flash_leaderboard_gluon", "", [], [])  # declared; the main grid has no points until measured
+
 section(
     "attention",
-    results_of("pytorch_attention", "flash_benchmarking", "flash_leaderboard")
+    results_of("pytorch_attention", "flash_benchmarking", "flash_leaderboard", "flash_leaderboard_gluon")
     # wall time of each flash-grid job, compilation included
     + timings_of("flash_benchmarking")
     # the bf16 matrix-product ceiling bounds the attainable speed-up over naive attention

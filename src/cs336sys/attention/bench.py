@@ -371,6 +371,13 @@ def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
         attend = naive_attention
     else:
         raise ValueError(f"unknown leaderboard implementation {impl!r}")
+    return measure_leaderboard_point(attend, q, k, v, s, device)
+
+
+def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              s: LeaderboardSettings, device: torch.device) -> dict:
+    """`attend(q, k, v, causal)` at a leaderboard shape: do_bench medians of forward + backward and of
+    the forward alone, the backward as their difference, TFLOP/s, and on CUDA each kernel's time."""
 
     def forward_backward() -> None:
         attend(q, k, v, s.causal).sum().backward()

@@ -226,14 +226,18 @@ LAUNCHED: dict = {}
 
 
 class FlashAttentionGluon(torch.autograd.Function):
-    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, backward=None)`: the Gluon forward, and the
-    backward named by `backward_choice(backward)`: "gluon" (`flash_gluon_backward`) or "tl"
-    (`flash_triton.flash_attention_triton_backward`), from the forward's O and L."""
+    """`FlashAttentionGluon.apply(q, k, v, is_causal=False, backward=None, backward_tiles=None)`: the Gluon
+    forward, and the backward named by `backward_choice(backward)`: "gluon" (`flash_gluon_backward`) or
+    "tl" (`flash_triton.flash_attention_triton_backward`, with `backward_tiles` as `flash_configs`
+    writes them, e.g. "kv64x128/q128x64/w8/s3/split", or its table's), from the forward's O and L."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-                backward: str | None = None):
-        ctx.backward = backward_choice(backward)  # a bad name fails here, not in the backward pass
+                backward: str | None = None, backward_tiles: str | None = None):
+        from cs336sys.attention.flash_configs import BackwardConfig
+
+        ctx.backward = backward_choice(backward)  # a bad name or tiles fail here, not in the backward pass
+        ctx.backward_config = BackwardConfig.parse(backward_tiles) if backward_tiles else None
         out, lse = flash_attention_gluon_forward(q, k, v, is_causal)
         ctx.save_for_backward(lse, q, k, v, out)
         ctx.is_causal = is_causal
@@ -247,5 +251,6 @@ class FlashAttentionGluon(torch.autograd.Function):
         else:
             from cs336sys.attention.flash_triton import flash_attention_triton_backward
 
-            dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
-        return dq, dk, dv, None, None
+            dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.is_causal,
+                                                         ctx.backward_config)
+        return dq, dk, dv, None, None, None
