@@ -42,6 +42,7 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
         ctx["flash_feasibility_measured"] = list(dict.fromkeys(k for f in ctx["flash_feasibility"]
                                                                for k in f["measured"]))
     ctx.update(_leaderboard(frame[frame.problem == "flash_leaderboard"], out, reference_ms or {}))
+    ctx.update(_gluon(frame[frame.problem == "flash_leaderboard_gluon"], out))
     walls = {p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
     if walls:
         ctx["flash_grid_wall_s"] = {"total": sum(walls.values()),
@@ -93,6 +94,13 @@ def _summary(ctx: dict) -> list[dict]:
                      "ref": "att-lb", "why": None if met else
                      "the backward recomputes the scores and dP for dQ (7 tile products to cuDNN's 5); "
                      "Triton does not warp-specialise our loops on Hopper"})
+    for ed in ctx.get("lb_gluon", {}).get("editions", []):
+        if "gluon" in ed["ratios"]:
+            r = ed["ratios"]["gluon"]
+            rows.append({"part": f"Gluon FlashAttention (Hopper) against cuDNN, {ed['edition']} attention, {ed['gpu']}",
+                         "result": f"forward {r['fwd']:.2f}×, backward {r['bwd']:.2f}× (tl backward) cuDNN's time",
+                         "target": "≤ 1.00×, forward and backward", "met": r["fwd"] <= 1.0 and r["bwd"] <= 1.0,
+                         "ref": "att-lb-gluon"})
     return rows
 
 
@@ -422,6 +430,38 @@ def gpu_label(r: pd.Series) -> str:
         if model in name:
             return model
     return name or "CPU"
+
+
+GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",
+               "gluon_bwd": "Gluon forward and backward"}
+
+
+def _gluon(df: pd.DataFrame, out: Path) -> dict:
+    """The Gluon kernels at the leaderboard shapes against cuDNN timed in the same job: a table and, per
+    (GPU, shape), each Gluon configuration's time over cuDNN's (forward, backward, both)."""
+    if df.empty:
+        return {}
+    df = df.assign(gpu=[gpu_label(r) for _, r in df.iterrows()])
+    rows, editions = [], []
+    for (gpu, edition), part in df.groupby(["gpu", "edition"], sort=True):
+        ok = part[part.status == "ok"].set_index("impl")
+        for _, r in part.iterrows():
+            good = r["status"] == "ok"
+            rows.append({"GPU": gpu, "leaderboard": edition, "implementation": GLUON_IMPLS.get(r["impl"], r["impl"]),
+                         "status": r["status"], "forward (ms)": r.get("fwd_ms") if good else None,
+                         "backward (ms)": r.get("bwd_ms") if good else None,
+                         "fwd+bwd (ms)": r.get("fwd_bwd_ms") if good else None})
+        ratios = {}
+        if "sdpa_cudnn" in ok.index:
+            base = ok.loc["sdpa_cudnn"]
+            ratios = {impl: {p: float(ok.loc[impl, f"{p}_ms"] / base[f"{p}_ms"]) for p in ("fwd", "bwd", "fwd_bwd")}
+                      for impl in ok.index if impl != "sdpa_cudnn"}
+        editions.append({"gpu": gpu, "edition": edition, "ratios": ratios})
+    table = pd.DataFrame(rows)
+    if (table["status"] == "ok").all():
+        table = table.drop(columns="status")
+    return {"lb_gluon": {"table": save_table(table, out, "leaderboard_gluon", digits=3), "editions": editions,
+                         "gpus": sorted(set(df["gpu"]))}}
 
 
 def _leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
