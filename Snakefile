@@ -6,6 +6,7 @@
 # workflow/rules/<part>.smk; rules.smk turns the registrations into rules.
 # `python -m cs336sys.jobs which FILE` names a file's rule and point; `... rule RULE` lists its files.
 
+
 configfile: f"{workflow.basedir}/config.yaml"
 
 

@@ -1,6 +1,6 @@
 """Snakemake's own report and linter: `snakemake --report` holds every numbered table and figure of the
 rendered writeup, with its caption, section and provenance; `snakemake --lint` says nothing but the
-conda/container lint."""
+conda/container lint; the rule files are as snakefmt formats them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import jinja2
+import pytest
 from docutils.core import publish_parts
 
 from cs336sys import registry
@@ -251,3 +252,12 @@ def test_snakemake_lint_says_nothing_but_the_conda_lint():
     # the conda/container lint is there, once per rule that runs a command: the parser did read the output
     assert re.search(r"0 lint\(s\) to fix; (\d+) rule", proc.stdout) and int(
         re.search(r"; (\d+) rule", proc.stdout).group(1)) > 40
+
+
+def test_rule_files_are_as_snakefmt_formats_them():
+    """As .ci/run checks: `snakefmt Snakefile workflow/` (pyproject's [tool.snakefmt]) leaves them unchanged."""
+    if importlib.util.find_spec("snakefmt") is None:
+        pytest.skip("snakefmt is not installed (the dev extra installs it: pip install -e '.[dev]')")
+    proc = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "Snakefile", "workflow/"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, "run `snakefmt Snakefile workflow/`:\n" + proc.stdout + proc.stderr

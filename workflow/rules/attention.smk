@@ -5,26 +5,56 @@ ATT = GRID["attention"]
 PT, FLASH, LB = ATT["pytorch"], ATT["flash"], ATT["leaderboard"]
 
 for impl in PT["impls"]:
-    points = [dict(impl=impl, batch=PT["batch"], d=d, seq=seq, passes=PT["passes"], dtype="fp32", device=DEVICE)
-              for d in PT["d"] for seq in PT["seq"]]
-    experiment_job("pytorch_attention", impl, points,
-                   [f"results/pytorch_attention/{impl}/d{p['d']}-seq{p['seq']}.json" for p in points])
+    points = [
+        dict(impl=impl, batch=PT["batch"], d=d, seq=seq, passes=PT["passes"], dtype="fp32", device=DEVICE)
+        for d in PT["d"]
+        for seq in PT["seq"]
+    ]
+    experiment_job(
+        "pytorch_attention",
+        impl,
+        points,
+        [f"results/pytorch_attention/{impl}/d{p['d']}-seq{p['seq']}.json" for p in points],
+    )
 
 for impl in FLASH["impls"]:
     for dtype in FLASH["dtypes"]:
         if impl == "triton_ieee" and dtype != "fp32":  # how float32 products run: nothing to set in bf16
             continue
-        points = [dict(impl=impl, dtype=dtype, seq=seq, d=d, batch=FLASH["batch"], heads=FLASH["heads"],
-                       causal=True, device=DEVICE) for d in FLASH["d"] for seq in FLASH["seq"]]
-        experiment_job("flash_benchmarking", f"{impl}-{dtype}", points,
-                       [f"results/flash_benchmarking/{impl}-{dtype}/d{p['d']}-seq{p['seq']}.json" for p in points])
+        points = [
+            dict(
+                impl=impl,
+                dtype=dtype,
+                seq=seq,
+                d=d,
+                batch=FLASH["batch"],
+                heads=FLASH["heads"],
+                causal=True,
+                device=DEVICE,
+            )
+            for d in FLASH["d"]
+            for seq in FLASH["seq"]
+        ]
+        experiment_job(
+            "flash_benchmarking",
+            f"{impl}-{dtype}",
+            points,
+            [f"results/flash_benchmarking/{impl}-{dtype}/d{p['d']}-seq{p['seq']}.json" for p in points],
+        )
 
 # One job per GPU model (each runs only on a host with that GPU): ours against cuDNN on each.
 for gpu in LB["gpus"]:
-    points = [dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
-              for edition, shape in LB["shapes"].items() for impl in LB["impls"]]
-    experiment_job("flash_leaderboard", gpu.lower(), points,
-                   [f"results/flash_leaderboard/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points])
+    points = [
+        dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
+        for edition, shape in LB["shapes"].items()
+        for impl in LB["impls"]
+    ]
+    experiment_job(
+        "flash_leaderboard",
+        gpu.lower(),
+        points,
+        [f"results/flash_leaderboard/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points],
+    )
 
 # The Gluon kernels (Hopper) at the same shapes, one job per GPU model: cs336sys.attention.bench_gluon.
 GLUON = LB.get("gluon") or {"gpus": []}

@@ -13,28 +13,56 @@ if len(COMPILED) != len(BENCH.get("compiled", [])):
 def benchmark_points(size, compile_mode):
     block = BENCH if compile_mode == "eager" else {**BENCH, **COMPILED[compile_mode]}
     return [
-        dict(size=size, context_length=ctx, mode=mode, dtype=dtype, compile=compile_mode,
-             warmup=BENCH["warmup"], steps=BENCH["steps"], optimizer="ours", device=DEVICE)
-        for ctx in block["context_lengths"] for dtype in block["dtypes"] for mode in block["modes"]
+        dict(
+            size=size,
+            context_length=ctx,
+            mode=mode,
+            dtype=dtype,
+            compile=compile_mode,
+            warmup=BENCH["warmup"],
+            steps=BENCH["steps"],
+            optimizer="ours",
+            device=DEVICE,
+        )
+        for ctx in block["context_lengths"]
+        for dtype in block["dtypes"]
+        for mode in block["modes"]
     ]
 
 
 for size in BENCH["sizes"]:
     for compile_mode in ["eager"] + [c for c, b in COMPILED.items() if size in b.get("sizes", BENCH["sizes"])]:
         points = benchmark_points(size, compile_mode)
-        experiment_job("benchmarking", f"{size}-{compile_mode}", points,
-                       [f"results/benchmarking/{p['size']}/{p['mode']}-{p['dtype']}-{p['compile']}"
-                        f"-ctx{p['context_length']}.json" for p in points])
+        experiment_job(
+            "benchmarking",
+            f"{size}-{compile_mode}",
+            points,
+            [
+                f"results/benchmarking/{p['size']}/{p['mode']}-{p['dtype']}-{p['compile']}"
+                f"-ctx{p['context_length']}.json"
+                for p in points
+            ],
+        )
 
 # One cold process per size runs the modes in order (forward, forward+backward, train step): the
 # first mode sees process start-up costs (CUDA context, cuBLAS handles), later modes the first use
 # of their new kernels (backward, optimizer) and allocator growth. Per-mode processes would cost
 # ~5 s of `import torch` each on the H100 host, a quarter of the whole run's wall time.
 for size in SWEEP["sizes"]:
-    points = [dict(size=size, mode=mode, context_length=SWEEP["context_length"], dtype=SWEEP["dtype"],
-                   steps=max(SWEEP["warmups"]) + SWEEP["steps"], warmups=SWEEP["warmups"],
-                   measured_steps=SWEEP["steps"], order_in_process=i, device=DEVICE)
-              for i, mode in enumerate(SWEEP["modes"])]
+    points = [
+        dict(
+            size=size,
+            mode=mode,
+            context_length=SWEEP["context_length"],
+            dtype=SWEEP["dtype"],
+            steps=max(SWEEP["warmups"]) + SWEEP["steps"],
+            warmups=SWEEP["warmups"],
+            measured_steps=SWEEP["steps"],
+            order_in_process=i,
+            device=DEVICE,
+        )
+        for i, mode in enumerate(SWEEP["modes"])
+    ]
     experiment_job("warmup", size, points, [f"results/warmup/{size}/{p['mode']}.json" for p in points])
 
 PEAK_POINTS = [dict(dtype=d, n=PEAK["n"], device=DEVICE) for d in PEAK["dtypes"]]
@@ -47,11 +75,21 @@ for size in OPT["sizes"]:
     techniques, points = [], []
     for name in OPT.get("series", []):
         techniques = techniques + ([] if name == "plain" else [name])
-        points.append(dict(size=size, context_length=OPT["context_length"], configuration=name,
-                           techniques=techniques, compile=OPT["compile"], warmup=OPT["warmup"], steps=OPT["steps"],
-                           device=DEVICE))
-    experiment_job("optimized_step", size, points,
-                   [f"results/optimized_step/{size}/{p['configuration']}.json" for p in points])
+        points.append(
+            dict(
+                size=size,
+                context_length=OPT["context_length"],
+                configuration=name,
+                techniques=techniques,
+                compile=OPT["compile"],
+                warmup=OPT["warmup"],
+                steps=OPT["steps"],
+                device=DEVICE,
+            )
+        )
+    experiment_job(
+        "optimized_step", size, points, [f"results/optimized_step/{size}/{p['configuration']}.json" for p in points]
+    )
 if not OPT["sizes"]:
     experiment_job("optimized_step", "", [], [])  # declared; the main grid has no points until measured
 

@@ -11,9 +11,14 @@ for backend, device, worlds in (("nccl", "cuda", AR["nccl_world_sizes"]), ("gloo
         continue  # the CPU smoke grid has no NCCL
     for world in worlds:
         points = [dict(size_bytes=b, warmup=AR["warmup"], iters=AR["iters"], device=device) for b in AR["sizes_bytes"]]
-        experiment_job("allreduce", f"{backend}-{world}", points,
-                       [f"results/allreduce/{backend}-{world}/{p['size_bytes']}.json" for p in points],
-                       gpus=world if device == "cuda" else 0, ranks=world)
+        experiment_job(
+            "allreduce",
+            f"{backend}-{world}",
+            points,
+            [f"results/allreduce/{backend}-{world}/{p['size_bytes']}.json" for p in points],
+            gpus=world if device == "cuda" else 0,
+            ranks=world,
+        )
 
 
 def ddp_points(size, dtype, grid=DDP, view_sizes=(), **extra):
@@ -21,10 +26,21 @@ def ddp_points(size, dtype, grid=DDP, view_sizes=(), **extra):
     variants += [("bucketed", float(b)) for b in grid["bucket_sizes_mb"]]
     variants += [("bucket_view", float(b)) for b in view_sizes]
     variants += [("torch_ddp", float(b)) for b in grid["torch_ddp_bucket_sizes_mb"]]
-    return [dict(size=size, variant=v, bucket_size_mb=b, context_length=DDP["context_length"],
-                 batch_size=DDP["batch_size"], dtype=dtype, warmup=DDP["warmup"], steps=DDP["steps"], device=DEVICE,
-                 **extra)
-            for v, b in variants]
+    return [
+        dict(
+            size=size,
+            variant=v,
+            bucket_size_mb=b,
+            context_length=DDP["context_length"],
+            batch_size=DDP["batch_size"],
+            dtype=dtype,
+            warmup=DDP["warmup"],
+            steps=DDP["steps"],
+            device=DEVICE,
+            **extra,
+        )
+        for v, b in variants
+    ]
 
 
 def ddp_name(p):
@@ -34,9 +50,13 @@ def ddp_name(p):
 for size in DDP["sizes"]:
     for dtype in DDP["dtypes"]:
         points = ddp_points(size, dtype)
-        experiment_job("ddp_step", f"{size}-{dtype}", points,
-                       [f"results/ddp_step/{size}-{dtype}/{ddp_name(p)}.json" for p in points],
-                       gpus=DDP["world_size"])
+        experiment_job(
+            "ddp_step",
+            f"{size}-{dtype}",
+            points,
+            [f"results/ddp_step/{size}-{dtype}/{ddp_name(p)}.json" for p in points],
+            gpus=DDP["world_size"],
+        )
 
 # Host overhead: the gradient-as-bucket-view wrapper (bucket_view) beside ours and PyTorch's, each (size,
 # dtype, world size) a job of its own with its own baselines (series "host": the section shows them
@@ -47,20 +67,36 @@ HOST_TIMINGS = []
 for size in HOST["sizes"]:
     for dtype in HOST["dtypes"]:
         for world in HOST["world_sizes"]:
-            points = ddp_points(size, dtype, HOST, HOST["view_bucket_sizes_mb"], series="host",
-                                single_rank_proxy=world == 1)
+            points = ddp_points(
+                size, dtype, HOST, HOST["view_bucket_sizes_mb"], series="host", single_rank_proxy=world == 1
+            )
             job = f"host-{size}-{dtype}-" + ("proxy1" if world == 1 else f"ws{world}")
-            experiment_job("ddp_step", job, points, [f"results/ddp_step/{job}/{ddp_name(p)}.json" for p in points],
-                           gpus=world)
+            experiment_job(
+                "ddp_step", job, points, [f"results/ddp_step/{job}/{ddp_name(p)}.json" for p in points], gpus=world
+            )
             HOST_TIMINGS.append(f"benchmarks/ddp_step/{job}.tsv")
 
 TRACE = DDP["trace"]
-TRACE_POINTS = [dict(size=TRACE["size"], variant=v, dtype=TRACE["dtype"], context_length=DDP["context_length"],
-                     batch_size=DDP["batch_size"], device=DEVICE,
-                     bucket_size_mb=float(TRACE["bucket_size_mb"]) if v == "bucketed" else None)
-                for v in TRACE["variants"]]
-experiment_job("ddp_trace", "", TRACE_POINTS, [f"results/ddp_trace/{ddp_name(p)}.json" for p in TRACE_POINTS],
-               gpus=DDP["world_size"], rendered=True)
+TRACE_POINTS = [
+    dict(
+        size=TRACE["size"],
+        variant=v,
+        dtype=TRACE["dtype"],
+        context_length=DDP["context_length"],
+        batch_size=DDP["batch_size"],
+        device=DEVICE,
+        bucket_size_mb=float(TRACE["bucket_size_mb"]) if v == "bucketed" else None,
+    )
+    for v in TRACE["variants"]
+]
+experiment_job(
+    "ddp_trace",
+    "",
+    TRACE_POINTS,
+    [f"results/ddp_trace/{ddp_name(p)}.json" for p in TRACE_POINTS],
+    gpus=DDP["world_size"],
+    rendered=True,
+)
 
 section(
     "ddp",

@@ -12,8 +12,9 @@ def _check_checkpoint_blocks(where, configs, model, layers):
     for name, config in configs.items():
         k = config.get("checkpoint_blocks")
         if isinstance(k, int) and not 0 <= k <= layers:
-            raise ValueError(f"{where}.{name}: checkpoint_blocks {k} is not a number of blocks of {model} "
-                             f"(0..{layers})")
+            raise ValueError(
+                f"{where}.{name}: checkpoint_blocks {k} is not a number of blocks of {model} (0..{layers})"
+            )
 
 
 _check_checkpoint_blocks("leaderboard.configs", LB["configs"], LB["size"], get_size(LB["size"]).num_layers)
@@ -25,25 +26,47 @@ for _job, _names in LB["jobs"].items():
     if _unknown:
         raise ValueError(f"leaderboard.jobs.{_job} names unknown configs {_unknown}; known: {', '.join(LB['configs'])}")
     experiment_job(
-        "leaderboard_step", _job,
-        [dict(size=LB["size"], context_length=LB["context_length"], compute_dtype=LB["compute_dtype"],
-              warmup=LB["warmup"], steps=LB["steps"], bench_rep_ms=LB["bench_rep_ms"],
-              bench_warmup_ms=LB["bench_warmup_ms"], peak_tflops=LB["peak_tflops"], device=DEVICE,
-              **{"variant": "ours", **LB["configs"][name]})
-         for name in _names],
+        "leaderboard_step",
+        _job,
+        [
+            dict(
+                size=LB["size"],
+                context_length=LB["context_length"],
+                compute_dtype=LB["compute_dtype"],
+                warmup=LB["warmup"],
+                steps=LB["steps"],
+                bench_rep_ms=LB["bench_rep_ms"],
+                bench_warmup_ms=LB["bench_warmup_ms"],
+                peak_tflops=LB["peak_tflops"],
+                device=DEVICE,
+                **{"variant": "ours", **LB["configs"][name]},
+            )
+            for name in _names
+        ],
         [f"results/leaderboard_step/{_job}/{name}.json" for name in _names],
-        gpus=LB["world_size"], rendered=True,
+        gpus=LB["world_size"],
+        rendered=True,
     )
 
 # The one-GPU proxy of the step: the 8B's widths, vocabulary and sample, `proxy.num_layers`
 # blocks, one rank. A proxy, not the leaderboard step: its results say so, and the section reads only
 # the step's. Only a grid with `leaderboard.proxy` (the overlay `next`, the smoke grid) has the job.
 experiment_job(
-    "leaderboard_proxy", "",
-    [dict(size=LB["size"], num_layers=_proxy["num_layers"], context_length=LB["context_length"],
-          compute_dtype=LB["compute_dtype"], warmup=_proxy["warmup"], steps=_proxy["steps"], device=DEVICE,
-          **{"variant": "ours", **config})
-     for config in _proxy["configs"].values()],
+    "leaderboard_proxy",
+    "",
+    [
+        dict(
+            size=LB["size"],
+            num_layers=_proxy["num_layers"],
+            context_length=LB["context_length"],
+            compute_dtype=LB["compute_dtype"],
+            warmup=_proxy["warmup"],
+            steps=_proxy["steps"],
+            device=DEVICE,
+            **{"variant": "ours", **config},
+        )
+        for config in _proxy["configs"].values()
+    ],
     [f"results/leaderboard_proxy/{name}.json" for name in _proxy["configs"]],
     gpus=1,
 )
@@ -51,8 +74,13 @@ experiment_job(
 section(
     "leaderboard",
     results_of("leaderboard_step") + timings_of("leaderboard_step") + results_of("leaderboard_proxy"),
-    extra={**{k: LB[k] for k in ("size", "context_length", "world_size", "compute_dtype", "peak_tflops", "configs", "jobs")},
-           "reference": LB.get("reference"),
-           # the shape our flash kernel's tiles were tuned at (the flash section's leaderboard benchmark)
-           "flash_tuned_at": {k: GRID["attention"]["leaderboard"]["shapes"]["2025"][k] for k in ("d", "seq")}},
+    extra={
+        **{
+            k: LB[k]
+            for k in ("size", "context_length", "world_size", "compute_dtype", "peak_tflops", "configs", "jobs")
+        },
+        "reference": LB.get("reference"),
+        # the shape our flash kernel's tiles were tuned at (the flash section's leaderboard benchmark)
+        "flash_tuned_at": {k: GRID["attention"]["leaderboard"]["shapes"]["2025"][k] for k in ("d", "seq")},
+    },
 )

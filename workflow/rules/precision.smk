@@ -4,7 +4,11 @@ PRECISION = GRID["precision"]
 
 experiment_job("mixed_precision_accumulation", "", [dict(device=DEVICE)], ["results/precision/accumulation.json"])
 AUTOCAST_POINTS = [dict(autocast_dtype=d, device=DEVICE) for d in PRECISION["autocast_dtypes"]]
-experiment_job("autocast_dtypes", "", AUTOCAST_POINTS,
-               [f"results/precision/autocast-{p['autocast_dtype']}.json" for p in AUTOCAST_POINTS])
+experiment_job(
+    "autocast_dtypes",
+    "",
+    AUTOCAST_POINTS,
+    [f"results/precision/autocast-{p['autocast_dtype']}.json" for p in AUTOCAST_POINTS],
+)
 
 section("precision", results_of("mixed_precision_accumulation", "autocast_dtypes"))

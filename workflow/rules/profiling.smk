@@ -7,41 +7,93 @@ PROF = GRID["profiling"]
 MEM = GRID["memory"]
 
 for size in PROF["sizes"]:
-    points = [dict(size=size, context_length=ctx, mode=mode, dtype=dtype, warmup=PROF["warmup"],
-                   steps=PROF["steps"], device=DEVICE)
-              for ctx in PROF["context_lengths"] for mode in PROF["modes"] for dtype in PROF["dtypes"]]
-    experiment_job("kernel_profile", size, points,
-                   [f"results/kernel_profile/{size}/{p['mode']}-{p['dtype']}-ctx{p['context_length']}.json"
-                    for p in points])
+    points = [
+        dict(
+            size=size,
+            context_length=ctx,
+            mode=mode,
+            dtype=dtype,
+            warmup=PROF["warmup"],
+            steps=PROF["steps"],
+            device=DEVICE,
+        )
+        for ctx in PROF["context_lengths"]
+        for mode in PROF["modes"]
+        for dtype in PROF["dtypes"]
+    ]
+    experiment_job(
+        "kernel_profile",
+        size,
+        points,
+        [f"results/kernel_profile/{size}/{p['mode']}-{p['dtype']}-ctx{p['context_length']}.json" for p in points],
+    )
 
 SNAP = MEM["snapshots"]
 for size in SNAP["sizes"]:
     # Short contexts first: a long context's out-of-memory leaves nothing behind for the next point anyway
     # (the runner frees the cache), but the cheap points are done before the slow ones.
-    points = [dict(size=size, context_length=ctx, mode=mode, dtype=dtype, warmup=SNAP["warmup"],
-                   max_entries=SNAP["max_entries"], device=DEVICE)
-              for ctx in sorted(SNAP["context_lengths"]) for dtype in SNAP["dtypes"] for mode in SNAP["modes"]]
+    points = [
+        dict(
+            size=size,
+            context_length=ctx,
+            mode=mode,
+            dtype=dtype,
+            warmup=SNAP["warmup"],
+            max_entries=SNAP["max_entries"],
+            device=DEVICE,
+        )
+        for ctx in sorted(SNAP["context_lengths"])
+        for dtype in SNAP["dtypes"]
+        for mode in SNAP["modes"]
+    ]
     # rendered: each point's summary JSON and timeline PNG are committed beside its result
-    experiment_job("memory_snapshot", size, points,
-                   [f"results/memory_snapshot/{size}/{p['mode']}-{p['dtype']}-ctx{p['context_length']}.json"
-                    for p in points], rendered=True)
+    experiment_job(
+        "memory_snapshot",
+        size,
+        points,
+        [f"results/memory_snapshot/{size}/{p['mode']}-{p['dtype']}-ctx{p['context_length']}.json" for p in points],
+        rendered=True,
+    )
 
 SAVED = MEM["saved_tensors"]
 for size in SAVED["sizes"]:
-    points = [dict(size=size, context_length=ctx, dtype=dtype, device=DEVICE)
-              for ctx in SAVED["context_lengths"] for dtype in SAVED["dtypes"]]
-    experiment_job("saved_tensors", size, points,
-                   [f"results/saved_tensors/{size}/{p['dtype']}-ctx{p['context_length']}.json" for p in points])
+    points = [
+        dict(size=size, context_length=ctx, dtype=dtype, device=DEVICE)
+        for ctx in SAVED["context_lengths"]
+        for dtype in SAVED["dtypes"]
+    ]
+    experiment_job(
+        "saved_tensors",
+        size,
+        points,
+        [f"results/saved_tensors/{size}/{p['dtype']}-ctx{p['context_length']}.json" for p in points],
+    )
 
 CKPT = MEM["checkpointing"]
 CKPT_NAME = f"{CKPT['size']}-{CKPT['dtype']}-ctx{CKPT['context_length']}-b{CKPT['batch_size']}"
-CKPT_POINTS = [dict(size=CKPT["size"], context_length=CKPT["context_length"], batch_size=CKPT["batch_size"],
-                    dtype=CKPT["dtype"], checkpoint_blocks=k, warmup=CKPT["warmup"], steps=CKPT["steps"],
-                    device=DEVICE)
-               for k in CKPT["group_sizes"]]
-experiment_job("checkpointing", CKPT_NAME, CKPT_POINTS,
-               [f"results/checkpointing/{CKPT_NAME}/k{p['checkpoint_blocks']}.json" for p in CKPT_POINTS])
+CKPT_POINTS = [
+    dict(
+        size=CKPT["size"],
+        context_length=CKPT["context_length"],
+        batch_size=CKPT["batch_size"],
+        dtype=CKPT["dtype"],
+        checkpoint_blocks=k,
+        warmup=CKPT["warmup"],
+        steps=CKPT["steps"],
+        device=DEVICE,
+    )
+    for k in CKPT["group_sizes"]
+]
+experiment_job(
+    "checkpointing",
+    CKPT_NAME,
+    CKPT_POINTS,
+    [f"results/checkpointing/{CKPT_NAME}/k{p['checkpoint_blocks']}.json" for p in CKPT_POINTS],
+)
 
 section("profiling", results_of("kernel_profile") + timings_of("kernel_profile"))
-section("memory", results_of("memory_snapshot", "saved_tensors", "checkpointing")
-        + timings_of("memory_snapshot", "saved_tensors", "checkpointing"))
+section(
+    "memory",
+    results_of("memory_snapshot", "saved_tensors", "checkpointing")
+    + timings_of("memory_snapshot", "saved_tensors", "checkpointing"),
+)

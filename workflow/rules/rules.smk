@@ -10,20 +10,20 @@ for _job in EXPERIMENT_JOBS:
         output:
             _job.results,
             [directory(d) for d in _job.rendered_dirs],
-        params:
-            problem=_job.experiment,
-            function=_function,
-            points=points_json(_job.points),
-            results=_job.results,
-            rendered="--rendered" if _job.rendered else "",
-            nproc=_job.ranks,  # ranks to start; `resources: gpu` below may be capped by --resources
-            code=job_code(_job, _function),
         log:
             _job.log,
         benchmark:
             _job.benchmark
         resources:
             gpu=_job.gpus,
+        params:
+            problem=_job.experiment,
+            function=_function,
+            points=points_json(_job.points),
+            results=_job.results,
+            rendered="--rendered" if _job.rendered else "",
+            nproc=_job.ranks,  # ranks to start; `resources: gpu` above may be capped by --resources
+            code=job_code(_job, _function),
         shell:
             EXPERIMENT
 
@@ -42,7 +42,6 @@ for _name, _section in SECTION_INPUTS.items():
     rule:
         name:
             registry.section(_name).rule
-        localrule: True
         input:
             _section["inputs"],
         output:
@@ -51,24 +50,36 @@ for _name, _section in SECTION_INPUTS.items():
                 patterns=["{name}.{ext,csv|png}"],
                 caption=os.path.abspath(os.path.join(REPORT_ITEMS, f"{_name}.rst")),
                 category=lambda wildcards, s=_name: REPORT_INDEX.category(
-                    s, f"{wildcards.name}.{wildcards.ext}", registry.section(s).title),
-                subcategory=lambda wildcards, s=_name: REPORT_INDEX.subcategory(s, f"{wildcards.name}.{wildcards.ext}"),
+                    s, f"{wildcards.name}.{wildcards.ext}", registry.section(s).title
+                ),
+                subcategory=lambda wildcards, s=_name: REPORT_INDEX.subcategory(
+                    s, f"{wildcards.name}.{wildcards.ext}"
+                ),
                 labels=lambda wildcards, s=_name: REPORT_INDEX.labels(s, f"{wildcards.name}.{wildcards.ext}"),
             ),
+        log:
+            f"{VIEW}logs/sections/{_name}.log",
+        localrule: True
         params:
             section=_name,
             extra=json.dumps(_section["extra"], sort_keys=True),
             code=code_hash(registry.section(_name).module),
-        log:
-            f"{VIEW}logs/sections/{_name}.log",
         shell:
             ANALYSIS
 
 
 # Experiment jobs stale by their code: say which statements changed (Snakemake only shows two hashes).
-_stale = provenance.stale_by_code([
-    (j.rule, (registry.experiment(j.experiment).function, "cs336sys.run"),
-     job_code(j, registry.experiment(j.experiment).function), j.results) for j in EXPERIMENT_JOBS])
+_stale = provenance.stale_by_code(
+    [
+        (
+            j.rule,
+            (registry.experiment(j.experiment).function, "cs336sys.run"),
+            job_code(j, registry.experiment(j.experiment).function),
+            j.results,
+        )
+        for j in EXPERIMENT_JOBS
+    ]
+)
 if _stale:
     print(_stale, file=sys.stderr)
 
@@ -82,7 +93,6 @@ if _missing:
 
 
 rule report_markdown:
-    localrule: True
     input:
         sections=[f"{VIEW}results/sections/{s}" for s in registry.SECTIONS],
         # every template: the report's, each section's and its appendix's
@@ -101,17 +111,23 @@ rule report_markdown:
             subcategory=lambda wildcards: REPORT_INDEX.subcategory(None, f"{wildcards.name}.{wildcards.ext}"),
             labels=lambda wildcards: REPORT_INDEX.labels(None, f"{wildcards.name}.{wildcards.ext}"),
         ),
+    log:
+        f"{VIEW}logs/report/markdown.log",
+    localrule: True
     params:
         code=code_hash("cs336sys.report", "cs336sys.deliverables", "cs336sys.writeup.items"),
         grid=REPORT_GRID,
         # the pins in effect, as the report lists them (a pin spent or added changes the report)
-        pins=json.dumps(pins_lib.for_report(
-            PINS, {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
-            experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS}), sort_keys=True),
+        pins=json.dumps(
+            pins_lib.for_report(
+                PINS,
+                {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
+                experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS},
+            ),
+            sort_keys=True,
+        ),
         # the templates' folder, the one all of them share (derived from the inputs: no rerun trigger of its own)
         templates=lambda wildcards, input: os.path.commonpath(input.templates),
-    log:
-        f"{VIEW}logs/report/markdown.log",
     shell:
         '"$CS336SYS_PYTHON" -m cs336sys.report md --sections {input.sections:q} --templates {params.templates:q} '
         "--grid {params.grid} --pins {params.pins:q} --out {output.md:q} > {log} 2>&1 && "
@@ -120,7 +136,6 @@ rule report_markdown:
 
 
 rule report_pdf:
-    localrule: True
     input:
         rules.report_markdown.output.md,
     output:
@@ -131,10 +146,11 @@ rule report_pdf:
             subcategory="The report",
             labels={"in the writeup": "the whole report", "file": "report.pdf"},
         ),
-    params:
-        code=code_hash("cs336sys.report"),
     log:
         f"{VIEW}logs/report/pdf.log",
+    localrule: True
+    params:
+        code=code_hash("cs336sys.report"),
     shell:
         '"$CS336SYS_PYTHON" -m cs336sys.report pdf {input:q} --out {output:q} > {log} 2>&1 && '
         'echo "report: $(pwd)/{output}"'
@@ -147,5 +163,8 @@ onstart:
 
 onsuccess:
     if "smoke" in GRID_PARTS:
-        print(f"smoke grid (CPU pipeline check, not results) written under {os.getcwd()}/: "
-              "writeup/report.pdf, results/, logs/", file=sys.stderr)
+        print(
+            f"smoke grid (CPU pipeline check, not results) written under {os.getcwd()}/: "
+            "writeup/report.pdf, results/, logs/",
+            file=sys.stderr,
+        )

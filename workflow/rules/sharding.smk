@@ -6,40 +6,115 @@
 SHARD = GRID["sharding"]
 
 for size in SHARD["sizes"]:
-    points = [dict(size=size, variant=v, context_length=SHARD["context_length"], batch_size=SHARD["batch_size"],
-                   warmup=SHARD["warmup"], steps=SHARD["steps"], device=DEVICE) for v in SHARD["optimizer_variants"]]
-    experiment_job("sharding_memory", size, points,
-                   [f"results/sharding_memory/{size}/{p['variant']}.json" for p in points], gpus=SHARD["world_size"])
-    points = [dict(size=size, variant=v, compute_dtype=d, context_length=SHARD["context_length"],
-                   batch_size=SHARD["batch_size"], warmup=SHARD["warmup"], steps=SHARD["steps"], device=DEVICE)
-              for d in SHARD["fsdp_compute_dtypes"] for v in SHARD["fsdp_variants"]]
-    experiment_job("fsdp_step", size, points,
-                   [f"results/fsdp_step/{size}/{p['variant']}-{p['compute_dtype']}.json" for p in points],
-                   gpus=SHARD["world_size"])
+    points = [
+        dict(
+            size=size,
+            variant=v,
+            context_length=SHARD["context_length"],
+            batch_size=SHARD["batch_size"],
+            warmup=SHARD["warmup"],
+            steps=SHARD["steps"],
+            device=DEVICE,
+        )
+        for v in SHARD["optimizer_variants"]
+    ]
+    experiment_job(
+        "sharding_memory",
+        size,
+        points,
+        [f"results/sharding_memory/{size}/{p['variant']}.json" for p in points],
+        gpus=SHARD["world_size"],
+    )
+    points = [
+        dict(
+            size=size,
+            variant=v,
+            compute_dtype=d,
+            context_length=SHARD["context_length"],
+            batch_size=SHARD["batch_size"],
+            warmup=SHARD["warmup"],
+            steps=SHARD["steps"],
+            device=DEVICE,
+        )
+        for d in SHARD["fsdp_compute_dtypes"]
+        for v in SHARD["fsdp_variants"]
+    ]
+    experiment_job(
+        "fsdp_step",
+        size,
+        points,
+        [f"results/fsdp_step/{size}/{p['variant']}-{p['compute_dtype']}.json" for p in points],
+        gpus=SHARD["world_size"],
+    )
 
 UNITS = SHARD["fsdp_units"]
 for size in UNITS["sizes"]:
-    points = [dict(size=size, variant="ours", compute_dtype=d, unit=u, context_length=SHARD["context_length"],
-                   batch_size=SHARD["batch_size"], warmup=SHARD["warmup"], steps=SHARD["steps"], device=DEVICE)
-              for d in UNITS["compute_dtypes"] for u in UNITS["units"]]
-    experiment_job("fsdp_step", f"{size}_units", points,
-                   [f"results/fsdp_step/{size}/ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
-                   gpus=SHARD["world_size"])
+    points = [
+        dict(
+            size=size,
+            variant="ours",
+            compute_dtype=d,
+            unit=u,
+            context_length=SHARD["context_length"],
+            batch_size=SHARD["batch_size"],
+            warmup=SHARD["warmup"],
+            steps=SHARD["steps"],
+            device=DEVICE,
+        )
+        for d in UNITS["compute_dtypes"]
+        for u in UNITS["units"]
+    ]
+    experiment_job(
+        "fsdp_step",
+        f"{size}_units",
+        points,
+        [f"results/fsdp_step/{size}/ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
+        gpus=SHARD["world_size"],
+    )
 
 PROXY = SHARD["fsdp_proxy"]
 for size in PROXY["sizes"]:
-    points = [dict(size=size, variant="ours", compute_dtype=PROXY["compute_dtype"], unit=u, single_rank_proxy=True,
-                   context_length=SHARD["context_length"], batch_size=SHARD["batch_size"], warmup=SHARD["warmup"],
-                   steps=SHARD["steps"], device=DEVICE) for u in PROXY["units"]]
-    experiment_job("fsdp_step", f"{size}_proxy", points,
-                   [f"results/fsdp_step/{size}/proxy-ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
-                   gpus=1)
+    points = [
+        dict(
+            size=size,
+            variant="ours",
+            compute_dtype=PROXY["compute_dtype"],
+            unit=u,
+            single_rank_proxy=True,
+            context_length=SHARD["context_length"],
+            batch_size=SHARD["batch_size"],
+            warmup=SHARD["warmup"],
+            steps=SHARD["steps"],
+            device=DEVICE,
+        )
+        for u in PROXY["units"]
+    ]
+    experiment_job(
+        "fsdp_step",
+        f"{size}_proxy",
+        points,
+        [f"results/fsdp_step/{size}/proxy-ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
+        gpus=1,
+    )
 
 TRACE = SHARD["trace"]
-experiment_job("fsdp_trace", "", [dict(size=TRACE["size"], variant="ours", compute_dtype=TRACE["compute_dtype"],
-                                       context_length=SHARD["context_length"], batch_size=SHARD["batch_size"],
-                                       device=DEVICE)],
-               [f"results/fsdp_trace/ours-{TRACE['compute_dtype']}.json"], gpus=SHARD["world_size"], rendered=True)
+experiment_job(
+    "fsdp_trace",
+    "",
+    [
+        dict(
+            size=TRACE["size"],
+            variant="ours",
+            compute_dtype=TRACE["compute_dtype"],
+            context_length=SHARD["context_length"],
+            batch_size=SHARD["batch_size"],
+            device=DEVICE,
+        )
+    ],
+    [f"results/fsdp_trace/ours-{TRACE['compute_dtype']}.json"],
+    gpus=SHARD["world_size"],
+    rendered=True,
+)
 
 section(
     "sharding",
