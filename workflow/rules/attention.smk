@@ -59,10 +59,17 @@ for gpu in LB["gpus"]:
 # The Gluon kernels (Hopper) at the same shapes, one job per GPU model: cs336sys.attention.bench_gluon.
 GLUON = LB.get("gluon") or {"gpus": []}
 for gpu in GLUON["gpus"]:
-    points = [dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
-              for edition, shape in LB["shapes"].items() for impl in GLUON["impls"]]
-    experiment_job("flash_leaderboard_gluon", gpu.lower(), points,
-                   [f"results/flash_leaderboard_gluon/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points])
+    points = [
+        dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
+        for edition, shape in LB["shapes"].items()
+        for impl in GLUON["impls"]
+    ]
+    experiment_job(
+        "flash_leaderboard_gluon",
+        gpu.lower(),
+        points,
+        [f"results/flash_leaderboard_gluon/{gpu.lower()}/{p['edition']}/{p['impl']}.json" for p in points],
+    )
 if not GLUON["gpus"]:
     experiment_job("flash_leaderboard_gluon", "", [], [])  # declared; the main grid has no points until measured
 
