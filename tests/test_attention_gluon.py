@@ -272,3 +272,30 @@ def test_gluon_backward_writes_every_gradient(fresh_seed):
     dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, torch.randn_like(q), True)
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
     assert (dk[..., 100:, :] == 0).all() and (dv[..., 100:, :] == 0).all()
+
+
+def test_the_gluon_leaderboard_point_is_unsupported_off_a_gpu():
+    from cs336sys.attention.bench import LeaderboardSettings
+    from cs336sys.attention.bench_gluon import run_point
+    from cs336sys.jobs import Run, Unsupported
+
+    with pytest.raises(Unsupported, match="Hopper"):
+        run_point(LeaderboardSettings(impl="gluon", batch=1, heads=1, seq=64, d=64, device="cpu"), Run(device="cpu"))
+    with pytest.raises(ValueError, match="unknown Gluon implementation 'tl'"):
+        run_point(LeaderboardSettings(impl="tl", device="cpu"), Run(device="cpu"))
+
+
+def test_the_section_sets_each_gluon_configuration_against_its_own_cudnn(tmp_path):
+    import pandas as pd
+
+    from cs336sys.analysis.attention import _gluon
+
+    assert _gluon(pd.DataFrame(), tmp_path) == {}
+    rows = [{"impl": impl, "edition": "2026", "status": "ok", "env.gpu": "NVIDIA H100 80GB HBM3", "fwd_ms": fwd,
+             "bwd_ms": bwd, "fwd_bwd_ms": fwd + bwd} for impl, fwd, bwd in
+            [("sdpa_cudnn", 10.0, 40.0), ("gluon", 9.0, 60.0), ("gluon_bwd", 9.0, 80.0)]]
+    ctx = _gluon(pd.DataFrame(rows), tmp_path)["lb_gluon"]
+    [edition] = ctx["editions"]
+    assert edition["gpu"] == "H100" and edition["ratios"]["gluon"] == {"fwd": 0.9, "bwd": 1.5, "fwd_bwd": 1.38}
+    assert edition["ratios"]["gluon_bwd"]["bwd"] == 2.0 and "sdpa_cudnn" not in edition["ratios"]
+    assert "Gluon forward, tl backward" in ctx["table"] and ctx["gpus"] == ["H100"]
