@@ -1,9 +1,11 @@
-"""The verdicts of cs336sys.analysis.verdicts, on hand-made numbers on both sides of each threshold and at it."""
+"""The verdicts the sharding and ddp sections state (cs336sys.analysis.verdicts and the sections' uses
+of it), on hand-made numbers on both sides of each threshold and at it."""
 
 from __future__ import annotations
 
 import pytest
 
+from cs336sys.analysis import ddp, ddp_steps, sharding
 from cs336sys.analysis.verdicts import (
     Comparison,
     at_most,
@@ -61,3 +63,49 @@ def test_slower_ratio():
 def test_waits(waited, events, verdict):
     assert waits(waited, events) == verdict
 
+
+def _exposure(events: int, waited_after_first: int) -> dict:
+    return {"phases": {"forward": {"gathers": {"events": events, "waited_after_first": waited_after_first}}}}
+
+
+def test_forward_gathers_verdict():
+    assert sharding.forward_gathers_verdict({"phases": {}}) is None  # no forward phase
+    assert sharding.forward_gathers_verdict(_exposure(1, 0)) is None  # only the first gather
+    assert sharding.forward_gathers_verdict(_exposure(2, 0)) == {"later": 1, "waited": 0, "verdict": "none"}
+    assert sharding.forward_gathers_verdict(_exposure(11, 5))["verdict"] == "at_most_half"
+    assert sharding.forward_gathers_verdict(_exposure(11, 6))["verdict"] == "more_than_half"
+
+
+def _p(variant: str, mean_ms: float, bucket_mb: float | None = None) -> dict:
+    return {"variant": variant, "mean_ms": mean_ms, "std_ms": 0.0, "bucket_mb": bucket_mb, "steps": 10,
+            "key": ddp_steps.variant_key(variant, bucket_mb)}
+
+
+def test_ddp_answers_ratios_to_naive():
+    by = {p["key"]: p for p in (_p("none", 50.0), _p("naive", 100.0), _p("flat", 80.0), _p("overlap", 90.0),
+                                _p("bucketed", 70.0, 10.0), _p("bucketed", 75.0, 25.0))}
+    for p in by.values():
+        p["comm_ms"], p["comm_share"] = p["mean_ms"] - 50.0, (p["mean_ms"] - 50.0) / p["mean_ms"]
+    a = ddp_steps.answers(by)
+    assert a["flat"]["over_naive"] == pytest.approx(0.8)
+    assert a["buckets"]["best_over_naive"] == pytest.approx(0.7)
+    assert a["buckets"]["best_mb"] == 10.0
+
+
+def test_ddp_targets_met_at_the_limit():
+    limit = ddp_steps.TARGETS["overlap_vs_torch"]
+    default = _p("torch_ddp", 1.0, ddp_steps.TORCH_DDP_DEFAULT_MB)
+    for mean, ok in ((limit, True), (0.5, True), (limit + 0.01, False)):
+        t = ddp_steps.targets({default["key"]: default, "overlap": _p("overlap", mean)})
+        assert t["overlap"]["ok"] is ok
+
+
+def test_grid_time_cpu_only_and_target(tmp_path):
+    bench = tmp_path / "benchmarks" / "allreduce"
+    bench.mkdir(parents=True)
+    (bench / "nccl-2.tsv").write_text(f"s\n{ddp.GRID_TARGET_S}\n")
+    g = ddp.grid_time([bench / "nccl-2.tsv"])
+    assert (g["has_cpu_only"], g["ok"]) == (False, True)  # exactly the target: met
+    (bench / "gloo-2.tsv").write_text("s\n1\n")
+    g = ddp.grid_time([bench / "nccl-2.tsv", bench / "gloo-2.tsv"])
+    assert (g["has_cpu_only"], g["ok"]) == (True, False)
