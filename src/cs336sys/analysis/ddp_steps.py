@@ -13,6 +13,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
 from cs336sys.analysis.ddp_model import Fit, exposed_time, fit_bucket_model, optimal_bucket_bytes
+from cs336sys.analysis.verdicts import at_most
 from cs336sys.sizes import SIZES, train_step_flops
 from cs336sys.units import MIB
 
@@ -96,6 +97,7 @@ def jobs(df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> dic
     for j in result:
         j["missed"] = missed_note(j, result)
     return {"ddp_jobs": result, "ddp_figure": _sweep_figure(result, out), "ddp_bucketing_short": short,
+            "ddp_has_bf16": any(j["dtype"] == "bf16" for j in result),
             "ddp_targets": TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}}
 
 
@@ -155,6 +157,7 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
     ctx["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}", digits=2)
     ctx["targets"] = targets(by)
     ctx["answers"] = answers(by)
+    ctx["answers_complete"] = all(k in ctx["answers"] for k in ("naive", "flat", "overlap"))
     flat = ctx["answers"].get("flat")
     if flat and allreduce_fit and flat["naive_calls"] and flat["flat_calls"]:
         # what the all-reduce benchmark's fixed cost per call predicts batching saves
@@ -207,10 +210,10 @@ def targets(by: dict) -> dict:
         t["bucketed"] = {"bucket_mb": best["bucket_mb"], "mean_ms": best["mean_ms"], "key": best["key"]}
         if default is not None:
             r, se = _ratio(best, default)
-            t["bucketed"].update(ratio=r, se=se, ok=bool(r <= TARGETS["bucketed_vs_torch"]))
+            t["bucketed"].update(ratio=r, se=se, ok=at_most(r, TARGETS["bucketed_vs_torch"]))
         if best.get("vs_matched") is not None:
             t["bucketed"].update(matched_ratio=best["vs_matched"], matched_se=best["vs_matched_se"],
-                                 matched_ok=bool(best["vs_matched"] <= TARGETS["bucketed_vs_torch"]))
+                                 matched_ok=at_most(best["vs_matched"], TARGETS["bucketed_vs_torch"]))
         if best_torch is not None:
             t["bucketed"]["vs_best_torch"] = best["mean_ms"] / best_torch["mean_ms"]
     for name, limit in (("overlap", TARGETS["overlap_vs_torch"]), ("naive", None), ("flat", None)):
@@ -220,7 +223,7 @@ def targets(by: dict) -> dict:
         r, se = _ratio(p, default)
         t[name] = {"ratio": r, "se": se, "mean_ms": p["mean_ms"]}
         if limit is not None:
-            t[name]["ok"] = bool(r <= limit)
+            t[name]["ok"] = at_most(r, limit)
     return t
 
 
@@ -233,6 +236,7 @@ def answers(by: dict) -> dict:
             "wait_ms": naive.get("sync_wait_ms"), "calls": naive.get("all_reduces"), "none_ms": none["mean_ms"]}
     if naive and flat:
         a["flat"] = {"mean_ms": flat["mean_ms"], "naive_over_flat": naive["mean_ms"] / flat["mean_ms"],
+                     "over_naive": flat["mean_ms"] / naive["mean_ms"],
                      "saved_ms": naive["mean_ms"] - flat["mean_ms"], "comm_ms": flat.get("comm_ms"),
                      "comm_share": flat.get("comm_share"), "wait_ms": flat.get("sync_wait_ms"),
                      "naive_calls": naive.get("all_reduces"), "flat_calls": flat.get("all_reduces"),
@@ -256,6 +260,8 @@ def answers(by: dict) -> dict:
                                     "wait_ms": p.get("sync_wait_ms"), "calls": p.get("all_reduces")} for p in bucketed],
                         "best_mb": bucketed[best]["bucket_mb"], "best_ms": means[best], "shape": shape,
                         "spread": max(means) / min(means)}
+        if naive:
+            a["buckets"]["best_over_naive"] = means[best] / naive["mean_ms"]
         if overlap:
             a["buckets"]["best_over_overlap"] = means[best] / overlap["mean_ms"]
         if flat:

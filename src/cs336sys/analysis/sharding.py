@@ -38,6 +38,7 @@ from cs336sys.analysis.common import (
     save_table,
     size_key,
 )
+from cs336sys.analysis.verdicts import at_most, compare_times, slower, waits, within_tolerance
 from cs336sys.registry import EXPERIMENTS
 
 # Targets of the project's sharding issue (ratios of times measured in the same job).
@@ -81,6 +82,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     fsdp = fsdp.drop(index=proxy.index)
     if not fsdp.empty:
         ctx["fsdp"] = [_fsdp_size(size, g, shard, out, targets, u) for size, g in _by_size(fsdp)]
+        ctx["fsdp_allocator"] = any(f["allocator"] for f in ctx["fsdp"])
     if not proxy.empty:
         ctx["fsdp_proxy"] = _fsdp_proxy(proxy, out)
     trace = _trace(frame[frame.problem == "fsdp_trace"], paths, out)
@@ -297,7 +299,7 @@ def _optimizer_size(size: str, g: pd.DataFrame, out: Path, targets: list[dict], 
             tol = TARGETS["model_state_tolerance"]
             targets.append(_target("model_state", size,
                                    f"parameters + gradients + optimizer state, {label}: worst rank ÷ accounting",
-                                   worst, tol, None if worst is None else bool(abs(worst - 1) <= tol)))
+                                   worst, tol, within_tolerance(worst, tol)))
         info["variants"][v] = e
 
     unsharded = info["variants"].get("unsharded", {}).get("mean_ms")
@@ -308,17 +310,21 @@ def _optimizer_size(size: str, g: pd.DataFrame, out: Path, targets: list[dict], 
         time_rows.append({"variant": e["label"], "step (ms)": _cell(e["mean_ms"], 2), "std (ms)": _cell(e["std_ms"], 2),
                           "median (ms)": _cell(e["median_ms"], 2), "÷ unsharded": _cell(e["vs_unsharded"], 3),
                           "÷ torch ZeRO": _cell(e["vs_zero"], 3)})
+    un, sh = info["variants"].get("unsharded"), info["variants"].get("sharded")
+    info["sharded_vs_unsharded"] = (  # the step-time verdict of the text: None where either did not run
+        compare_times(sh["mean_ms"], sh["std_ms"], un["mean_ms"], un["std_ms"]).as_dict()
+        if un and sh and un["mean_ms"] is not None and sh["mean_ms"] is not None else None)
     for v, status in info["statuses"].items():
         time_rows.append({"variant": VARIANT_LABEL.get(v, v), "step (ms)": status})
     info["saving"] = _sharding_saving(info["variants"], size, world, u)
     worst = [e["worst_ratio"] for e in info["variants"].values() if e.get("worst_ratio") is not None]
-    info["tensors_match"] = bool(worst) and all(abs(r - 1) <= TARGETS["model_state_tolerance"] for r in worst)
+    info["tensors_match"] = bool(worst) and all(within_tolerance(r, TARGETS["model_state_tolerance"]) for r in worst)
     sharded = info["variants"].get("sharded", {}).get("mean_ms")
     ratio = sharded / zero if sharded is not None and zero else None
     info["sharded_vs_zero"] = ratio
     limit = TARGETS["sharded_vs_zero"]
     targets.append(_target("sharded_vs_zero", size, "step time, ours (sharded) ÷ torch ZeRO", ratio,
-                           limit, None if ratio is None else bool(ratio <= limit)))
+                           limit, at_most(ratio, limit)))
 
     slug = re.sub(r"\W", "_", size)
     info["allocator"] = any(x is not None for e in info["variants"].values() for x in e["peak"].values())
@@ -483,7 +489,8 @@ def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targe
             act_saving = (evaluate(memory.model_activation_bytes(4), shape)
                           - evaluate(memory.model_activation_bytes(DTYPE_BYTES[dtype]), shape))
         expected = (state_saving + act_saving) / u["bytes"]
-        per: dict = {"expected_saving": expected, "activation_saving": act_saving / u["bytes"], "variants": {}}
+        per: dict = {"expected_saving": expected, "activation_saving": act_saving / u["bytes"],
+                     "activations_save": bool(act_saving > 0), "variants": {}}
         for v in sorted(d["variant"].unique(), key=_variant_order):
             r = d[d["variant"] == v].iloc[0]
             if r["status"] != "ok":
@@ -528,7 +535,7 @@ def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targe
                 if best is None or r < best:
                     best, what = r, f"step time at bf16 compute, ours with {phrase} ÷ FSDP2"
             targets.append(_target("fsdp_vs_fsdp2_bf16", size, what, best, limit,
-                                   None if best is None else bool(best <= limit)))
+                                   at_most(best, limit)))
         info["dtypes"][dtype] = per
         info["measured_savings"] += [{"variant": _fsdp_label(v), "dtype": dtype, "peak": e["peak"],
                                       "saving": e["saving"], "share": e["saving_over_expected"]}
@@ -546,7 +553,9 @@ def _fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targe
     ratios = [r for p in info["dtypes"].values() for e in p["variants"].values()
               for r in e.get("tensors_over_pred", [])]
     info["worst_tensor_ratio"] = max(ratios, key=lambda r: abs(r - 1)) if ratios else None
-    info["tensors_match"] = bool(ratios) and abs(info["worst_tensor_ratio"] - 1) <= TARGETS["model_state_tolerance"]
+    tol = TARGETS["model_state_tolerance"]
+    info["tensors_match"] = bool(ratios) and within_tolerance(info["worst_tensor_ratio"], tol)
+    info["ours_slower"] = any(slower(p["ours_vs_fsdp2"]) for p in info["dtypes"].values())
     slug = re.sub(r"\W", "_", size)
     info["allocator"] = any(e.get("peak") is not None for p in info["dtypes"].values() for e in p["variants"].values())
     if time_rows:
@@ -672,6 +681,17 @@ def gather_exposure(summary: dict, slack_us: float = WAIT_SLACK_US) -> dict | No
     return out
 
 
+def forward_gathers_verdict(exposure: dict) -> dict | None:
+    """Whether the forward's all-gathers after its first were complete when their layer wanted them:
+    how many came after the first (`later`), how many of those were waited for (`waited`), and `waits`'
+    verdict on the two. None where the forward had at most one gather, leaving nothing to judge."""
+    forward = exposure["phases"].get("forward")
+    if forward is None or forward["gathers"]["events"] <= 1:
+        return None
+    later, waited = forward["gathers"]["events"] - 1, forward["gathers"]["waited_after_first"]
+    return {"later": later, "waited": waited, "verdict": waits(waited, later)}
+
+
 def _timeline_dirs(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p.is_dir() and (p / "timeline.json").exists()]
 
@@ -709,6 +729,7 @@ def _trace(df: pd.DataFrame, paths: list[Path], out: Path) -> dict | None:
     if exposure is not None:
         info["figure"] = _timeline_figure(summary, exposure, info, out)
         info["exposure"] = {k: v for k, v in exposure.items() if not k.startswith("_")}
+        info["exposure"]["forward_gathers"] = forward_gathers_verdict(exposure)
     return info
 
 

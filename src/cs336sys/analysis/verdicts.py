@@ -1,0 +1,62 @@
+"""The verdicts the report's text states, decided here so that a section's template only lays out the
+words a verdict selects: one mean time against another (faster, slower, or within the noise), a value
+against its limit (a target met), a ratio against one within a tolerance, and how many of a set of
+events waited. Each returns plain values, so a section's context (JSON) carries them as they are."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Mean time `a` against mean time `b`: `ratio` is a / b (None where b is zero); `within_noise` when
+    the means differ by no more than the two standard deviations together; otherwise exactly one of
+    `faster` (a below b) and `slower` (a above b) holds."""
+
+    ratio: float | None
+    within_noise: bool
+    faster: bool
+    slower: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def within_noise(mean_a: float, std_a: float | None, mean_b: float, std_b: float | None) -> bool:
+    """Whether two means differ by at most the sum of their standard deviations (a missing deviation
+    counts as zero); equality at the boundary counts as within."""
+    return abs(mean_a - mean_b) <= (std_a or 0.0) + (std_b or 0.0)
+
+
+def compare_times(mean_a: float, std_a: float | None, mean_b: float, std_b: float | None) -> Comparison:
+    """Mean time `a` against `b`, each with its step-to-step standard deviation (see `Comparison`)."""
+    noise = within_noise(mean_a, std_a, mean_b, std_b)
+    return Comparison(ratio=mean_a / mean_b if mean_b else None, within_noise=noise,
+                      faster=not noise and mean_a < mean_b, slower=not noise and mean_a > mean_b)
+
+
+def at_most(value: float | None, limit: float) -> bool | None:
+    """A target of the form "at most `limit`": met when `value` <= `limit`; None when not measured."""
+    return None if value is None else bool(value <= limit)
+
+
+def within_tolerance(ratio: float | None, tolerance: float) -> bool | None:
+    """A ratio to a prediction within ±`tolerance` of one (the boundary included); None when absent."""
+    return None if ratio is None else bool(abs(ratio - 1) <= tolerance)
+
+
+def slower(ratio: float | None) -> bool:
+    """Whether a time ratio (ours over a reference) says ours is slower: above one. None is not slower."""
+    return ratio is not None and ratio > 1
+
+
+WaitVerdict = Literal["none", "at_most_half", "more_than_half"]
+
+
+def waits(waited: int, events: int) -> WaitVerdict:
+    """How many of `events` waited: none, at most half of them (half included), or more than half."""
+    if waited == 0:
+        return "none"
+    return "at_most_half" if 2 * waited <= events else "more_than_half"
