@@ -7,7 +7,14 @@
 # `python -m cs336sys.jobs which FILE` names a file's rule and point; `... rule RULE` lists its files.
 
 
+# The configuration: config.yaml names the grid to run, config/ holds the grids (one file each, top-level
+# keys main, next, smoke). Snakemake merges the files key by key and re-applies --configfile/--config after
+# each, so the command line wins whichever file it touches. cs336sys.workflow_helpers.CONFIG_FILES lists
+# the same files for the tools that read them without Snakemake.
 configfile: f"{workflow.basedir}/config.yaml"
+configfile: f"{workflow.basedir}/config/main.yaml"
+configfile: f"{workflow.basedir}/config/next.yaml"
+configfile: f"{workflow.basedir}/config/smoke.yaml"
 
 
 # what `snakemake --report report.html` says first (every table and figure of the writeup follows)

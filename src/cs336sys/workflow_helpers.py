@@ -1,5 +1,5 @@
-"""Plain functions the workflow's rule files use (`workflow/rules/common.smk` imports them): the grid
-overlay, the environment every job inherits, the experiment job record, and the two guards that run
+"""Plain functions the workflow's rule files use (`workflow/rules/common.smk` imports them): the configuration
+files and the grid overlay, the environment every job inherits, the experiment job record, and the two guards that run
 before any job starts. No Snakemake import at module level and no torch until a guard needs the GPU
 count: the workflow imports this at parse time, and no experiment or section imports it (so it is in
 no code hash).
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def merged(base, overlay):
@@ -21,6 +22,35 @@ def merged(base, overlay):
         return overlay
     return {k: merged(base[k], overlay[k]) if k in base and k in overlay else overlay.get(k, base.get(k))
             for k in {**base, **overlay}}
+
+
+# The workflow's configuration files, in the order the Snakefile's `configfile:` directives load them:
+# the entry (which grid to run), then one file per grid (top-level keys main, next, smoke).
+CONFIG_FILES = ("config.yaml", "config/main.yaml", "config/next.yaml", "config/smoke.yaml")
+
+
+def load_config(repo, overrides: Mapping | None = None) -> dict:
+    """The workflow's config as Snakemake builds it, for readers without Snakemake (tests, tools): the
+    files of `CONFIG_FILES` under `repo` merged key by key in order, then `overrides` (what --config or a
+    --configfile would give) on top. The grid a run uses is `grid_of(config)`."""
+    import yaml
+
+    config: dict = {}
+    for name in CONFIG_FILES:
+        config = merged(config, yaml.safe_load((Path(repo) / name).read_text()) or {})
+    return merged(config, dict(overrides or {}))
+
+
+def grid_of(config: Mapping) -> dict:
+    """The grid `config["grid"]` names (main, next, smoke, smoke+next): main with the overlays it lists
+    merged on it, next before smoke, as workflow/rules/common.smk builds GRID."""
+    parts = str(config["grid"]).split("+")
+    grid = config["main"]
+    if "next" in parts:
+        grid = merged(grid, config.get("next") or {})
+    if "smoke" in parts:
+        grid = merged(grid, config["smoke"])
+    return grid
 
 
 def git(repo: str, *args: str) -> str | None:

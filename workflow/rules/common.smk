@@ -23,7 +23,7 @@ from cs336sys.writeup.items import WRITEUP, ReportIndex  # noqa: E402
 from cs336sys.workflow_helpers import (  # noqa: E402
     ExperimentJob,
     export_job_environment,
-    merged,
+    grid_of,
     refuse_corrupt_results,
     refuse_experiments_this_host_cannot_run,
     slug,
@@ -32,17 +32,14 @@ from cs336sys.workflow_helpers import (  # noqa: E402
 validate(config, schema="../schemas/config.schema.yaml")
 
 
-# Grids: `main` (the committed results), `smoke` (tiny CPU models, under smoke/), and the overlay
+# Grids, one file each in config/ (main.yaml, next.yaml, smoke.yaml; config.yaml names the one to run):
+# `main` (the committed results), `smoke` (tiny CPU models, under smoke/), and the overlay
 # `next`: grid points and jobs whose code or results are ahead of the committed report. `next` runs
 # main + next with results at their final paths (promoting a point to `main` later re-runs nothing) but
 # its sections and report under next/ (git-ignored), never over the committed ones; `smoke+next` is
 # the smoke grid with the overlay's points, under smoke/.
 GRID_PARTS = config["grid"].split("+")
-GRID = config["main"]
-if "next" in GRID_PARTS:
-    GRID = merged(GRID, config.get("next") or {})
-if "smoke" in GRID_PARTS:
-    GRID = merged(GRID, config["smoke"])
+GRID = grid_of(config)  # main with the overlays the grid names merged on it (next, then smoke)
 VIEW = "next/" if config["grid"] == "next" else ""  # where this grid's sections and report go
 REPORT_GRID = "smoke" if "smoke" in GRID_PARTS else config["grid"]  # what the report says it is
 validate(GRID, schema="../schemas/grid.schema.yaml")
