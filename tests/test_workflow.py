@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from cs336sys import registry
+from cs336sys.workflow_helpers import CONFIG_FILES, load_config
 from cs336sys.writeup import lint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ def shuffle_times(root: Path) -> None:
 
 # What the pipeline reads: the workflow, the library, the committed results with their provenance,
 # the report's templates and the profiles. Not tests, notes, tools, nor a .venv in the checkout.
-PIPELINE = ("Snakefile", "config.yaml", "pyproject.toml", "workflow", "src", "results", "benchmarks",
+PIPELINE = ("Snakefile", "config.yaml", "config", "pyproject.toml", "workflow", "src", "results", "benchmarks",
             ".snakemake/metadata", "writeup", "profiles")
 
 
@@ -99,6 +100,15 @@ def test_the_copy_holds_the_pipeline_and_nothing_else(repo_copy):
     assert ignored.returncode == 0
 
 
+def test_the_snakefile_loads_the_config_files_the_helpers_read():
+    """config.yaml (the grid to run) then config/<grid>.yaml: the Snakefile's `configfile:` directives, in
+    order, are workflow_helpers.CONFIG_FILES, which tests and tools read without Snakemake."""
+    loaded = re.findall(r'^configfile: f"\{workflow\.basedir\}/(.+)"$', (REPO / "Snakefile").read_text(), re.M)
+    assert tuple(loaded) == CONFIG_FILES
+    config = load_config(REPO)
+    assert set(config) == {"grid", "main", "next", "smoke"} and config["grid"] == "main"
+
+
 def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
     proc = snakemake(repo_copy, "-n", "--config", "grid=huge", check=False)
     assert proc.returncode != 0
@@ -108,7 +118,7 @@ def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
 
 def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
     bad = tmp_path / "bad.yaml"
-    text = (repo_copy / "config.yaml").read_text()
+    text = (repo_copy / "config" / "main.yaml").read_text()
     bad.write_text(text.replace("sizes: [small, medium, large, xl, 2.7B, 10B]", "sizes: [small, huge]", 1))
     proc = snakemake(repo_copy, "-n", "--configfile", str(bad), check=False)
     assert proc.returncode != 0
@@ -120,7 +130,7 @@ def test_a_leaderboard_config_checkpointing_more_blocks_than_the_model_has_is_na
     """The smoke grid's tiny model has 2 blocks: a config that checkpoints 27 of them (as the 8B's does)
     fails before any job runs, naming the config, not as an error inside a 2-rank job."""
     bad = tmp_path / "bad.yaml"
-    text = (repo_copy / "config.yaml").read_text()
+    text = (repo_copy / "config" / "smoke.yaml").read_text()
     bad.write_text(text.replace("ours_sdpa_checkpoint_27: {checkpoint_blocks: 1}",
                                 "ours_sdpa_checkpoint_27: {checkpoint_blocks: 27}", 1))
     proc = snakemake(repo_copy, "-n", "--configfile", str(bad), "--config", "grid=smoke", check=False)
@@ -323,10 +333,10 @@ def test_the_overlay_lists_exactly_its_new_jobs_and_promoting_it_reruns_nothing(
     result files), so once its results exist the promotion re-runs nothing."""
     import yaml
 
-    config = yaml.safe_load((repo_copy / "config.yaml").read_text())
+    config = load_config(repo_copy)
     overlay = {**config, "next": {"leaderboard": {"jobs": {"overlay_probe": ["ours"]}}}}
     (tmp_path / "next.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))  # the order as written
-    # (a --configfile merges into config.yaml key by key: the committed overlay's jobs stay in it)
+    # (a --configfile merges into config/next.yaml key by key: the committed overlay's jobs stay in it)
     waiting = {r for r in scheduled(repo_copy, "--config", "grid=next") if r not in CHEAP and r != "all"}
     new = {r for r in scheduled(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
            if r not in CHEAP and r != "all"}
