@@ -4,7 +4,7 @@ target for Nsight Compute that runs every launch once inside a profiler range (i
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section WarpStateStats \
         --csv --page details python3 tools/flash_ncu_target.py > ncu.csv
 
-Ours with the tiles the attention leaderboard job uses (config.yaml: the table's at the 2025
+Ours with the tiles the attention leaderboard job uses (config/main.yaml: the table's at the 2025
 shape, the 8B step's at the 2026 shape); SDPA's cuDNN backend forward and forward+backward.
 Each launch runs once warm before the range, so compilation and autotuning stay outside it.
 """

@@ -6,7 +6,7 @@
 
 With no techniques this is `cs336sys.training.step.build_step`'s bf16 train step (autocast, our
 per-parameter AdamW, the model's own forward, compiled per block by default), and the step is
-built by it. The techniques (`TECHNIQUES`; the benchmark's series in config.yaml adds them in its own order):
+built by it. The techniques (`TECHNIQUES`; the benchmark's series in config/main.yaml adds them in its own order):
 
 - `fused_adamw`: `cs336sys.leaderboard.adamw.FusedAdamW`, one Triton kernel per parameter tensor
   (p, g, m, v read once, p, m, v written once) instead of seven torch ops;
