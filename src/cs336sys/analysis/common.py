@@ -136,6 +136,11 @@ def size_key(series: pd.Series) -> pd.Series:
     return series.map(lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER))
 
 
+def sort_rows(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """The rows sorted by the columns, model sizes in the grid's order."""
+    return df.sort_values(list(cols), key=lambda s: size_key(s) if s.name == "size" else s)
+
+
 def environment_summary(df: pd.DataFrame) -> dict:
     """Hardware, software and date range of the results a section shows."""
     if df.empty:
