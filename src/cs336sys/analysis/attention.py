@@ -17,6 +17,7 @@ from cs336sys.analysis.common import (
     save_figure,
     save_table,
 )
+from cs336sys.analysis.formatting import fixed
 
 IMPL_LABEL = {"triton": "ours (Triton)", "triton_ieee": "ours, IEEE float32 products", "sdpa": "PyTorch SDPA",
               "naive": "naive PyTorch", "naive_compiled": "naive, torch.compile"}
@@ -111,7 +112,7 @@ def _status_or(value_col: str, digits: int = 2):
     def cell(row) -> str:
         if row["status"] != "ok":
             return row["status"]
-        return "n/a" if pd.isna(row.get(value_col)) else f"{row[value_col]:.{digits}f}"
+        return fixed(row.get(value_col), digits, missing="n/a")
     return cell
 
 

@@ -20,6 +20,7 @@ from cs336sys.analysis.common import (
     size_key,
     sort_rows,
 )
+from cs336sys.analysis.formatting import mean_std
 from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
 HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than this waits on the host
@@ -28,7 +29,7 @@ HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than th
 def _cell(row) -> str:
     if row["status"] != "ok":
         return row["status"]
-    return f"{row['mean_ms']:.2f} ± {row['std_ms']:.2f}"
+    return mean_std(row["mean_ms"], row["std_ms"])
 
 
 def _pivot_cells(df: pd.DataFrame, index: list[str], column: str) -> pd.DataFrame:
@@ -204,13 +205,13 @@ def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> tuple[list[str], boo
         f, fb = by.get("forward"), by.get("forward_backward")
         if fb is not None and fb["status"] == "ok" and isinstance(fb.get("phase_ms"), dict):
             t = fb["phase_ms"]["backward"]
-            cells.append(f"{statistics.fmean(t):.2f} ± {statistics.stdev(t) if len(t) > 1 else 0.0:.2f}")
+            cells.append(mean_std(statistics.fmean(t), statistics.stdev(t) if len(t) > 1 else 0.0))
             continue
         if f is None or fb is None or f["status"] != "ok" or fb["status"] != "ok":
             cells.append(fb["status"] if fb is not None and fb["status"] != "ok" else "")
             continue
         alone = False
-        cells.append(f"{fb['mean_ms'] - f['mean_ms']:.2f} ± {fb['std_ms'] + f['std_ms']:.2f}")
+        cells.append(mean_std(fb["mean_ms"] - f["mean_ms"], fb["std_ms"] + f["std_ms"]))
     return cells, alone
 
 

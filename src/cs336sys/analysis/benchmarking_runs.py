@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.analysis.common import figure, log_axis, read_benchmark_tsv, save_figure, save_table, size_key, sort_rows
+from cs336sys.analysis.formatting import mean_std
 
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
@@ -29,8 +30,7 @@ def warmup(warm: pd.DataFrame, out: Path) -> dict:
         ratios[f"{r['size']} {MODE_LABEL[r['mode']]}"] = steps[0] / statistics.median(steps[-n:])
     table = sort_rows(pd.DataFrame(rows), "size", "mode", "warm-up steps")
     # Printed: one row per size and mode, one column per number of warm-up steps (mean ± std).
-    cells = table.assign(cell=[f"{m:.2f} ± {sd:.2f}" for m, sd in zip(table["mean (ms)"], table["std (ms)"],
-                                                                       strict=True)])
+    cells = table.assign(cell=[mean_std(m, sd) for m, sd in zip(table["mean (ms)"], table["std (ms)"], strict=True)])
     wide = cells.pivot_table(index=["size", "mode"], columns="warm-up steps", values="cell", aggfunc="first")
     wide = wide.rename(columns=lambda w: f"w = {w} (ms)").reset_index()
     wide.columns.name = None

@@ -23,6 +23,7 @@ from cs336sys.analysis.common import (
 )
 from cs336sys.analysis.ddp_model import fit_latency_bandwidth, formulas
 from cs336sys.analysis.ddp_trace import trace, trace_against_benchmark
+from cs336sys.analysis.formatting import human_bytes
 from cs336sys.analysis.verdicts import at_most
 
 TARGET_SIZE_BYTES = 2**30  # the all-reduce target's size: 1 GiB per rank
@@ -76,13 +77,6 @@ def gloo_environment(frame: pd.DataFrame) -> dict:
 
 
 # --- all-reduce -------------------------------------------------------------------------------------
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n:g} B"
-
 
 def _sig(x: float) -> str:
     """About three significant digits, never in exponent notation (milliseconds, GB/s)."""

@@ -14,6 +14,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
 from cs336sys.analysis.ddp_buckets import FIT_R2_GOOD, bucket_model
 from cs336sys.analysis.ddp_model import exposed_time
+from cs336sys.analysis.formatting import fixed, mean_std, number, percent
 from cs336sys.analysis.verdicts import at_most
 from cs336sys.sizes import SIZES, train_step_flops
 from cs336sys.units import MIB
@@ -27,10 +28,6 @@ HOST_SERIES = "host"  # DDPStepSettings.series of the host-overhead jobs, each w
 DTYPE_ORDER = ["fp32", "bf16"]
 LINE_STYLE = {"none": ("black", ":"), "naive": ("C3", "--"), "flat": ("C2", "--"), "overlap": ("C4", "-."),
               "torch_ddp": ("C1", "-")}
-
-
-def _mb(value) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 def variant_key(variant: str, bucket_mb: float | None) -> str:
@@ -63,7 +60,7 @@ def _ratio(a: dict, b: dict | None) -> tuple[float | None, float | None]:
 
 
 def _point(row: pd.Series) -> dict:
-    b = _mb(row.get("bucket_size_mb"))
+    b = number(row.get("bucket_size_mb"))
     p = {"variant": row["variant"], "bucket_mb": b, "key": variant_key(row["variant"], b),
          "label": variant_label(row["variant"], b), "status": row["status"]}
     if row["status"] != "ok":
@@ -170,13 +167,6 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
     return ctx
 
 
-def _cell(p: dict, key: str, digits: int = 2, pct: bool = False) -> str:
-    v = p.get(key)
-    if v is None:
-        return ""
-    return f"{100 * v:.0f}%" if pct else f"{v:.{digits}f}"
-
-
 def _table(points: list[dict]) -> pd.DataFrame:
     rows = []
     for p in points:
@@ -185,10 +175,10 @@ def _table(points: list[dict]) -> pd.DataFrame:
             continue
         calls = "" if p.get("all_reduces") is None else (
             f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
-        rows.append({"variant": p["label"], "step (ms)": f"{p['mean_ms']:.1f} ± {p['std_ms']:.1f}",
-                     "× DDP default": _cell(p, "vs_default", 3), "× DDP same size": _cell(p, "vs_matched", 3),
-                     "comm. (ms)": _cell(p, "comm_ms", 1), "comm. share": _cell(p, "comm_share", pct=True),
-                     "wait (ms)": _cell(p, "sync_wait_ms", 1), "all-reduces (in bwd)": calls})
+        rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
+                     "× DDP default": fixed(p.get("vs_default"), 3), "× DDP same size": fixed(p.get("vs_matched"), 3),
+                     "comm. (ms)": fixed(p.get("comm_ms"), 1), "comm. share": percent(p.get("comm_share")),
+                     "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls})
     return pd.DataFrame(rows)
 
 
@@ -302,10 +292,10 @@ def host_jobs(df: pd.DataFrame, out: Path) -> dict:
             r, se = _ratio(p, default) if p["variant"] != "torch_ddp" else (None, None)
             calls = "" if p.get("all_reduces") is None else (
                 f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
-            rows.append({"variant": p["label"], "step (ms)": f"{p['mean_ms']:.1f} ± {p['std_ms']:.1f}",
-                         "× DDP default": "" if r is None else f"{r:.3f} ± {se:.3f}",
+            rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
+                         "× DDP default": "" if r is None else mean_std(r, se, 3),
                          "− none (ms)": "" if none is None or p is none else f"{p['mean_ms'] - none['mean_ms']:.1f}",
-                         "wait (ms)": _cell(p, "sync_wait_ms", 1), "all-reduces (in bwd)": calls})
+                         "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls})
         ok = g[g.status == "ok"]
         world = int(ok["world_size"].iloc[0]) if not ok.empty else (1 if is_proxy else None)
         name = f"ddp_host_{size}_{dtype}_" + ("proxy1" if is_proxy else f"ws{world}")

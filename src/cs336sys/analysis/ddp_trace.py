@@ -12,6 +12,7 @@ from matplotlib.patches import Patch
 
 from cs336sys.analysis import ddp_steps
 from cs336sys.analysis.common import figure, save_figure, save_table
+from cs336sys.analysis.formatting import number
 
 TRACE_ORDER = ["naive", "flat", "overlap", "bucketed"]
 
@@ -25,7 +26,7 @@ def trace(df: pd.DataFrame, out: Path) -> dict:
     ok = ok.assign(_v=ok["variant"].map(lambda v: TRACE_ORDER.index(v) if v in TRACE_ORDER else len(TRACE_ORDER)))
     rows, table, summaries, titles = [], [], [], []
     for _, r in ok.sort_values(["_v", "bucket_size_mb"]).iterrows():
-        b = ddp_steps._mb(r.get("bucket_size_mb"))
+        b = number(r.get("bucket_size_mb"))
         label = ddp_steps.variant_label(r["variant"], b)
         t = r["totals"]
         comm, overlapped = t["communication_us"] / 1e3, t["communication_overlapped_us"] / 1e3

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame, save_table
+from cs336sys.analysis.formatting import mean_std
 from cs336sys.analysis.leaderboard_judgement import (
     TARGET_SPEEDUP,
     TARGET_STEP_S,
@@ -279,7 +280,7 @@ def _point_tables(ctx: dict, rows: list[dict], phases: list[dict], out: Path) ->
     """Every point (for the appendix), the configurations and the phases of each profiled step."""
     ctx["tables"]["steps"] = save_table(pd.DataFrame([
         {"job": r["job"], "config": r["name"],
-         "step (s)": f"{r['step_s']:.3f} ± {r['std_s']:.3f}" if "step_s" in r else r["status"],
+         "step (s)": mean_std(r["step_s"], r["std_s"], 3) if "step_s" in r else r["status"],
          "do_bench (s)": r.get("do_bench_s"), "peak (GiB/GPU)": r.get("peak_gib"),
          "MFU (%)": 100 * r["mfu"] if r.get("mfu") is not None else None, "wall (s)": r.get("wall_s")}
         for r in rows]), out, "steps", digits=2)

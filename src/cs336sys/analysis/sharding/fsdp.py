@@ -20,7 +20,7 @@ from cs336sys.analysis.sharding.shared import (
     TARGETS,
     cell,
     in_unit,
-    num,
+    number,
     predict,
     steady_state_peak,
     table,
@@ -49,9 +49,9 @@ def _baseline(size: str, shard: pd.DataFrame, batch: int | None, context: int | 
         if batch is not None and "batch_size" in same:
             same = same[(same["batch_size"] == batch) & (same["context_length"] == context)]
         for _, r in same.iterrows():
-            steady = steady_state_peak({"before step": num(r.get("before_step_peak_bytes")),
-                                        "after step": num(r.get("after_step_peak_bytes"))},
-                                       num(r.get("optimizer_state_bytes")))
+            steady = steady_state_peak({"before step": number(r.get("before_step_peak_bytes")),
+                                        "after step": number(r.get("after_step_peak_bytes"))},
+                                       number(r.get("optimizer_state_bytes")))
             if steady is not None:
                 return {"source": "measured", "peak": steady / u["bytes"]}
     if batch is None or context is None:
@@ -102,11 +102,11 @@ def fsdp_proxy(g: pd.DataFrame, out: Path) -> dict:
     rows = []
     for _, r in g.sort_values(["size", "compute_dtype"]).iterrows():
         ok = r["status"] == "ok"
-        units = num(r.get("fsdp_units"))
+        units = number(r.get("fsdp_units"))
         rows.append({"size": r["size"], "compute": r["compute_dtype"], "unit": _unit_of(r),
                      "all-gathers per forward": "" if units is None else f"{int(units)}",
-                     "step (ms)": cell(num(r.get("mean_ms")), 2) if ok else r["status"],
-                     "std (ms)": cell(num(r.get("std_ms")), 2) if ok else ""})
+                     "step (ms)": cell(number(r.get("mean_ms")), 2) if ok else r["status"],
+                     "std (ms)": cell(number(r.get("std_ms")), 2) if ok else ""})
     return {"table": table(rows, out, "fsdp_single_rank_proxy"), "sizes": sorted(set(g["size"]))}
 
 
@@ -168,7 +168,7 @@ def _dtype_entry(size: str, d: pd.DataFrame, dtype: str, info: dict, pred: Predi
         if r["status"] != "ok":
             per["variants"][v] = {"status": r["status"]}
             continue
-        e = {"status": "ok", "mean_ms": num(r.get("mean_ms")), "std_ms": num(r.get("std_ms")),
+        e = {"status": "ok", "mean_ms": number(r.get("mean_ms")), "std_ms": number(r.get("std_ms")),
              "after_init": in_unit(r.get("after_init_allocated_bytes"), u), "peak": in_unit(r.get("peak_bytes"), u),
              "params": in_unit(r.get("sharded_param_bytes"), u), "state": in_unit(r.get("optimizer_state_bytes"), u)}
         e["saving"] = base - e["peak"] if base is not None and e["peak"] is not None else None

@@ -24,7 +24,7 @@ from cs336sys.analysis.sharding.shared import (
     cell,
     class_values,
     in_unit,
-    num,
+    number,
     predict,
     steady_state_peak,
     table,
@@ -47,14 +47,14 @@ class OptimizerRows:
 def readings(r: pd.Series | dict) -> dict:
     """One rank's readings in bytes: tensor sums at each point and the allocator's (None on the CPU)."""
     get = r.get
-    params, grads, state = (num(get(k)) for k in ("param_bytes", "grad_bytes", "optimizer_state_bytes"))
+    params, grads, state = (number(get(k)) for k in ("param_bytes", "grad_bytes", "optimizer_state_bytes"))
     tensors = {"after init": params,
                "before step": None if None in (params, grads) else params + grads,
                "after step": None if None in (params, grads, state) else params + grads + state}
     keys = {"after init": "after_init", "before step": "before_step", "after step": "after_step"}
     return {"params": params, "grads": grads, "state": state, "tensors": tensors,
-            "allocated": {p: num(get(f"{keys[p]}_allocated_bytes")) for p in POINTS},
-            "peak": {p: num(get(f"{keys[p]}_peak_bytes")) for p in POINTS}}
+            "allocated": {p: number(get(f"{keys[p]}_allocated_bytes")) for p in POINTS},
+            "peak": {p: number(get(f"{keys[p]}_peak_bytes")) for p in POINTS}}
 
 
 def _rank_rows(r: pd.Series) -> list[dict]:
@@ -124,8 +124,8 @@ def _variant_entry(r: pd.Series, u: dict) -> dict:
     at each point, the peak above the tensors, the first step's and a later step's peak."""
     v = r["variant"]
     rd = readings(r)
-    e: dict = {"label": VARIANT_LABEL.get(v, v), "strategy": STRATEGY.get(v), "mean_ms": num(r.get("mean_ms")),
-               "std_ms": num(r.get("std_ms")), "median_ms": num(r.get("median_ms")),
+    e: dict = {"label": VARIANT_LABEL.get(v, v), "strategy": STRATEGY.get(v), "mean_ms": number(r.get("mean_ms")),
+               "std_ms": number(r.get("std_ms")), "median_ms": number(r.get("median_ms")),
                "params": in_unit(rd["params"], u), "grads": in_unit(rd["grads"], u), "state": in_unit(rd["state"], u),
                "tensors": {p: in_unit(x, u) for p, x in rd["tensors"].items()},
                "allocated": {p: in_unit(x, u) for p, x in rd["allocated"].items()},

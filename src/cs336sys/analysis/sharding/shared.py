@@ -3,7 +3,6 @@ section's unit, table cells, the accounting's predictions at a size and world, a
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +10,7 @@ import pandas as pd
 from cs336sys.accounting import questions
 from cs336sys.accounting.symbols import N, evaluate
 from cs336sys.analysis.common import save_table, size_key
+from cs336sys.analysis.formatting import fixed, number
 
 # Targets of the project's sharding issue (ratios of times measured in the same job).
 TARGETS = {"sharded_vs_zero": 1.05, "fsdp_vs_fsdp2_bf16": 1.10, "model_state_tolerance": 0.05}
@@ -28,17 +28,6 @@ def by_size(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(s, df[df["size"] == s]) for s in sizes]
 
 
-def num(value) -> float | None:
-    """A reading as a float, or None where it is absent (an allocator reading on the CPU is null)."""
-    if value is None:
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
-
-
 def unit_of_bytes(frame: pd.DataFrame) -> dict:
     """GiB for real models, as the rest of the report; MiB where every model held is smaller than a GiB
     (the smoke grid's tiny ones)."""
@@ -48,13 +37,14 @@ def unit_of_bytes(frame: pd.DataFrame) -> dict:
 
 def in_unit(value, u: dict) -> float | None:
     """A byte count in the section's unit `u`; None where the reading is absent."""
-    v = num(value)
+    v = number(value)
     return None if v is None else v / u["bytes"]
 
 
 def cell(value, digits: int = 3) -> str:
-    """A table cell: the number with thousands separators and `digits` decimals, or "n/a"."""
-    return "n/a" if value is None else f"{value:,.{digits}f}"
+    """The section's table cell: thousands separators and `digits` decimals, "n/a" where absent (`table`
+    drops a column of nothing else)."""
+    return fixed(value, digits, missing="n/a", thousands=True)
 
 
 def table(rows: list[dict], out: Path, name: str) -> str:

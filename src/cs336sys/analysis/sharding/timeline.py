@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.analysis.common import figure, save_figure
-from cs336sys.analysis.sharding.shared import num
+from cs336sys.analysis.sharding.shared import number
 from cs336sys.analysis.verdicts import waits
 
 # A gather counts as waited for when the compute lanes are idle as it ends and resume within this many
@@ -169,8 +169,8 @@ def trace(df: pd.DataFrame, paths: list[Path], out: Path) -> dict | None:
     if not ok.empty:
         r = ok.iloc[0]
         info.update(size=r["size"], compute_dtype=r.get("compute_dtype"), tool=r.get("tool"),
-                    totals={k: num(v) for k, v in (r.get("totals") or {}).items()},
-                    window_us=num(r.get("window_us")))
+                    totals={k: number(v) for k, v in (r.get("totals") or {}).items()},
+                    window_us=number(r.get("window_us")))
     elif not df.empty:
         info["status"] = df.iloc[0]["status"]
     if not dirs:
