@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.analysis import ddp, ddp_steps
+from cs336sys.analysis import ddp, ddp_steps, ddp_trace
 from cs336sys.analysis.ddp_model import (
     exposed_time,
     fit_bucket_model,
@@ -441,6 +441,7 @@ def test_the_section_reads_cleanly_as_a_pdf(gpu_section, tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ddp, "save_figure", spy)
         mp.setattr(ddp_steps, "save_figure", spy)
+        mp.setattr(ddp_trace, "save_figure", spy)
         ctx, _ = build(tmp_path, inputs(root))
     assert set(figures) == {"allreduce_bandwidth", "ddp_step_vs_bucket", "ddp_timeline"}
     for name, (width, texts) in figures.items():

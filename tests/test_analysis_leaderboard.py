@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.analysis import leaderboard
+from cs336sys.analysis import leaderboard, leaderboard_kernels
 from cs336sys.report import render_markdown
 from cs336sys.results import read_result, write_json_atomic, write_result
 from cs336sys.sizes import get_size, train_step_flops
@@ -195,7 +195,7 @@ CUDNN_BPROP = "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_
     ("Memcpy DtoD (Device -> Device)", "memcpy", "copies"),
 ])
 def test_kernel_families(name, category, family):
-    assert leaderboard.kernel_family(name, category) == family
+    assert leaderboard_kernels.kernel_family(name, category) == family
 
 
 def _timeline(folder: Path, attention_fwd_ms: float, matmul_ms: float, cudnn: bool) -> None:

@@ -108,7 +108,7 @@ def test_cpu_memory_is_what_the_accounting_predicts(cpu_section):
     [o] = ctx["opt"]
     assert o["world"] == 2 and not o["allocator"] and o["tensors_match"]
     un, sh, zero = (o["variants"][v] for v in ("unsharded", "sharded", "zero"))
-    params = sharding._predict(memory.parameter_bytes("ddp"), "tiny", 2) / 2**20
+    params = sharding.predict(memory.parameter_bytes("ddp"), "tiny", 2) / 2**20
     assert un["params"] == pytest.approx(params) and un["grads"] == pytest.approx(params)
     assert un["state"] == pytest.approx(2 * params)  # AdamW's two moments of every parameter
     for v in (sh, zero):  # each rank keeps about half of them
@@ -173,7 +173,7 @@ def write(path: Path, problem: str, settings: dict, metrics: dict, status: str =
 
 
 def predicted(term: str, strategy: str, size: str) -> int:
-    return sharding._predict(getattr(memory, f"{term}_bytes")(strategy), size, 2)
+    return sharding.predict(getattr(memory, f"{term}_bytes")(strategy), size, 2)
 
 
 def sharding_point(root: Path, size: str, variant: str, mean: float, acts: float, status: str = "ok") -> dict:
@@ -438,7 +438,7 @@ def test_the_section_reads_cleanly_as_a_pdf(gpu_section, tmp_path):
         return common.save_figure(fig, out_dir, name)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sharding, "save_figure", spy)
+        mp.setattr(sharding.timeline, "save_figure", spy)
         ctx, _ = build(tmp_path, inputs(root))
     [(width, texts)] = figures.values()
     assert width == pytest.approx(report.TEXT_WIDTH_CM / 2.54, rel=0.01)

@@ -8,41 +8,40 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.analysis.benchmarking_runs import MODE_LABEL, overhead, warmup
 from cs336sys.analysis.common import (
     environment_summary,
     figure,
     log_axis,
-    read_benchmark_tsv,
     results_frame,
     save_csv,
     save_figure,
     save_table,
     size_key,
+    sort_rows,
 )
+from cs336sys.analysis.formatting import mean_std
 from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
 HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than this waits on the host
-MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
 
 def _cell(row) -> str:
     if row["status"] != "ok":
         return row["status"]
-    return f"{row['mean_ms']:.2f} ± {row['std_ms']:.2f}"
-
-
-def _sorted(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
-    return df.sort_values(list(cols), key=lambda s: size_key(s) if s.name == "size" else s)
+    return mean_std(row["mean_ms"], row["std_ms"])
 
 
 def _pivot_cells(df: pd.DataFrame, index: list[str], column: str) -> pd.DataFrame:
     df = df.assign(cell=df.apply(_cell, axis=1))
     wide = df.pivot_table(index=index, columns=column, values="cell", aggfunc="first").reset_index()
     wide.columns.name = None
-    return _sorted(wide, *index)
+    return sort_rows(wide, *index)
 
 
 def build(paths: list[Path], out: Path, **_: object) -> dict:
+    """The section's context: every point, the timing tables, the bf16 and compiled speed-ups, host-bound
+    points, MFU, the spread, the cold start, the pipeline's overhead and the optimized step."""
     frame = results_frame(paths)
     if "context_length" in frame:
         frame["context_length"] = frame["context_length"].astype("Int64")
@@ -59,18 +58,44 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         ok["mfu_pct"] = 100 * ok.achieved_tflops / ok.peak_tflops
         ok["peak_memory_gib"] = ok.peak_memory_bytes / 2**30
 
-    # All points, numeric: 13 columns, too wide to print, so a CSV file that the report links, and
-    # a printed summary per size and context length.
+    _all_points(bench, ok, out, ctx)
+    _grid(bench, ok, ctx)
+    eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
+    _timing_tables(eager, out, ctx)
+    # 4(c): fp32 vs bf16 autocast.
+    ctx.update(_precision_speedups(ok, out, ctx))
+    # wall time against the GPU's busy time: which points wait on the host
+    ctx.update(_busy(ok, out, ctx))
+    # 8(b): eager vs compiled.
+    ctx.update(_compile_speedups(ok, bench, out, ctx))
+    _mfu(ok, out, ctx)
+    _spread(ok, bench, ctx)
+    ctx.update(warmup(warm, out))
+    ctx.update(overhead(paths, bench, warm, out))
+    ctx.update(optimized_step(frame, peaks, out))  # nothing without the series' results
+    if not ok.empty:
+        ctx["figures"]["times"] = _times_figure(ok, out)
+    ctx["summary"] = _summary(ctx)
+    ctx["limitations"] = _limitations(ctx)
+    return ctx
+
+
+def _all_points(bench: pd.DataFrame, ok: pd.DataFrame, out: Path, ctx: dict) -> None:
+    """All points, numeric: 13 columns, too wide to print, so a CSV file that the report links, and
+    a printed summary per size and context length."""
     cols = ["size", "context_length", "mode", "dtype", "compile", "status", "mean_ms", "std_ms", "median_ms",
             "min_ms", "achieved_tflops", "mfu_pct", "peak_memory_gib"]
     full = bench[["size", "context_length", "mode", "dtype", "compile", "status"]].join(
         ok[[c for c in cols[6:] if c in ok]]) if not bench.empty else pd.DataFrame(columns=cols)
-    full = _sorted(full, "size", "context_length", "mode", "dtype", "compile")
+    full = sort_rows(full, "size", "context_length", "mode", "dtype", "compile")
     ctx["tables"]["all_points_csv"] = save_csv(full, out, "all_points")
     if not full.empty:
         ctx["tables"]["points_summary"] = save_table(_points_summary(full), out, "points_summary", digits=1)
 
-    if not ok.empty:  # the protocol as the result files record it
+
+def _grid(bench: pd.DataFrame, ok: pd.DataFrame, ctx: dict) -> None:
+    """The protocol as the result files record it, and the context lengths and sizes of the grid."""
+    if not ok.empty:
         ctx["protocol"] = {"warmup": sorted({int(v) for v in bench["warmup"]}),
                            "steps": sorted({int(v) for v in bench["steps"]}),
                            "batch": sorted({int(v) for v in ok.get("metric_batch_size", pd.Series()).dropna()})}
@@ -79,7 +104,10 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     ctx["sizes"] = sorted(bench["size"].unique(), key=lambda s: size_key(pd.Series([s]))[0]) \
         if not bench.empty else []
 
-    # 1(b): mean ± std per size and mode, fp32 eager, per context length.
+
+def _timing_tables(eager: pd.DataFrame, out: Path, ctx: dict) -> None:
+    """1(b): mean ± std per size and mode, fp32 eager, one table per context length; the backward's time
+    against the forward's at the longest context."""
     ctx["tables"]["timing"] = {}
     for c in ctx["context_lengths"]:
         sel = eager[(eager["dtype"] == "fp32") & (eager.context_length == c)]
@@ -100,16 +128,12 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
             if not ratio.empty:
                 ctx["backward_ratio"] = [float(ratio.min()), float(ratio.max())]
 
-    # 4(c): fp32 vs bf16 autocast.
-    ctx.update(_precision_speedups(ok, out, ctx))
-    # wall time against the GPU's busy time: which points wait on the host
-    ctx.update(_busy(ok, out, ctx))
-    # 8(b): eager vs compiled.
-    ctx.update(_compile_speedups(ok, bench, out, ctx))
-    # MFU for every train-step row.
+
+def _mfu(ok: pd.DataFrame, out: Path, ctx: dict) -> None:
+    """MFU for every train-step row, a compact table at the longest context, the best point."""
     train = ok[ok["mode"] == "train_step"] if not ok.empty else ok
     if not train.empty:
-        mfu = _sorted(train[["size", "context_length", "dtype", "compile", "median_ms", "achieved_tflops",
+        mfu = sort_rows(train[["size", "context_length", "dtype", "compile", "median_ms", "achieved_tflops",
                              "peak_tflops", "mfu_pct"]], "size", "context_length", "dtype", "compile")
         mfu = mfu.rename(columns={"context_length": "context", "median_ms": "median (ms)", "achieved_tflops": "TFLOP/s",
                                   "peak_tflops": "ceiling (TFLOP/s)", "mfu_pct": "MFU (%)"})
@@ -118,11 +142,15 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         at = train[train.context_length == c].assign(what=lambda d: d["dtype"] + ", " + d["compile"] + " (%)")
         compact = at.pivot_table(index="size", columns="what", values="mfu_pct").reset_index()
         compact.columns.name = None
-        ctx["tables"]["mfu_compact"] = save_table(_sorted(compact, "size"), out, "mfu_compact", digits=1)
+        ctx["tables"]["mfu_compact"] = save_table(sort_rows(compact, "size"), out, "mfu_compact", digits=1)
         ctx["mfu_context"] = c
         best = train.loc[train.mfu_pct.idxmax()]
         ctx["best_mfu"] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
                            "compile": best["compile"], "context_length": int(best.context_length)}
+
+
+def _spread(ok: pd.DataFrame, bench: pd.DataFrame, ctx: dict) -> None:
+    """The timings' coefficient of variation (median and worst point) and the points out of memory."""
     if not ok.empty:
         cv = 100 * ok.std_ms / ok.mean_ms
         worst = ok.loc[cv.idxmax()]
@@ -130,24 +158,22 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
                      "max_what": f"{worst['size']} {MODE_LABEL[worst['mode']]} {worst['dtype']} {worst['compile']}"}
     ctx["oom_points"] = [f"{r['size']} {MODE_LABEL[r['mode']]} {r['dtype']} {r['compile']} ctx {r['context_length']}"
                          for _, r in bench[bench.status == "oom"].iterrows()]
-    ctx.update(_warmup(warm, out))
-    ctx.update(_overhead(paths, bench, warm, out))
-    ctx.update(optimized_step(frame, peaks, out))  # nothing without the series' results
-    if not ok.empty:
-        ctx["figures"]["times"] = _times_figure(ok, out)
-    ctx["summary"] = _summary(ctx)
-    ctx["limitations"] = []
+
+
+def _limitations(ctx: dict) -> list[str]:
+    """What the wall times cannot say where the host, not the GPU, sets them."""
+    limitations = []
     if ctx.get("host_bound"):
-        ctx["limitations"].append(
+        limitations.append(
             f"{len(ctx['host_bound'])} eager points keep the GPU busy less than {HOST_BOUND_BUSY:.0%} of their wall "
             "time: their wall times measure the host (Python and kernel launches), so their trends across sizes, "
             "contexts and dtypes are the CPU's; the GPU-busy times beside them give the GPU's.")
     elif ctx.get("bf16_slower"):
-        ctx["limitations"].append(
+        limitations.append(
             f"{len(ctx['bf16_slower'])} of the eager bf16 points are slower than fp32: at these sizes and contexts the "
             "step time is the host's (Python and kernel launches), not the GPU's, so these wall times say little "
             "about the GPU.")
-    return ctx
+    return limitations
 
 
 def _summary(ctx: dict) -> list[dict]:
@@ -179,13 +205,13 @@ def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> tuple[list[str], boo
         f, fb = by.get("forward"), by.get("forward_backward")
         if fb is not None and fb["status"] == "ok" and isinstance(fb.get("phase_ms"), dict):
             t = fb["phase_ms"]["backward"]
-            cells.append(f"{statistics.fmean(t):.2f} ± {statistics.stdev(t) if len(t) > 1 else 0.0:.2f}")
+            cells.append(mean_std(statistics.fmean(t), statistics.stdev(t) if len(t) > 1 else 0.0))
             continue
         if f is None or fb is None or f["status"] != "ok" or fb["status"] != "ok":
             cells.append(fb["status"] if fb is not None and fb["status"] != "ok" else "")
             continue
         alone = False
-        cells.append(f"{fb['mean_ms'] - f['mean_ms']:.2f} ± {fb['std_ms'] + f['std_ms']:.2f}")
+        cells.append(mean_std(fb["mean_ms"] - f["mean_ms"], fb["std_ms"] + f["std_ms"]))
     return cells, alone
 
 
@@ -196,7 +222,7 @@ def _busy(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
         return {}
     e = ok[(ok["compile"] == "eager") & ok["gpu_busy_median_ms"].notna()].copy()
     e["busy_pct"] = 100 * e.gpu_busy_median_ms / e.median_ms
-    host = _sorted(e[e.busy_pct < 100 * HOST_BOUND_BUSY], "size", "context_length", "mode", "dtype")
+    host = sort_rows(e[e.busy_pct < 100 * HOST_BOUND_BUSY], "size", "context_length", "mode", "dtype")
     c = max(ctx["context_lengths"])
     at = e[e.context_length == c]
     wide = at.pivot_table(index=["size", "mode"], columns="dtype", values=["median_ms", "gpu_busy_median_ms"])
@@ -206,7 +232,7 @@ def _busy(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     if {"fp32 GPU busy (ms)", "bf16 GPU busy (ms)"} <= set(wide.columns):
         wide["bf16 speed-up, GPU busy (×)"] = wide["fp32 GPU busy (ms)"] / wide["bf16 GPU busy (ms)"]
         order.append("bf16 speed-up, GPU busy (×)")
-    wide = _sorted(wide, "size", "mode")
+    wide = sort_rows(wide, "size", "mode")
     wide = wide[["size", "mode", *order]].assign(mode=wide["mode"].map(MODE_LABEL))
     every = host[["size", "context_length", "mode", "dtype", "median_ms", "gpu_busy_median_ms", "busy_pct"]].rename(
         columns={"context_length": "context", "median_ms": "wall (ms)", "gpu_busy_median_ms": "GPU busy (ms)",
@@ -233,7 +259,7 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     wide = e.pivot_table(index=["size", "context_length", "mode"], columns="dtype", values="mean_ms").reset_index()
     wide = wide.dropna(subset=["fp32", "bf16"])
     wide["speedup"] = wide.fp32 / wide.bf16
-    wide = _sorted(wide, "size", "context_length", "mode")
+    wide = sort_rows(wide, "size", "context_length", "mode")
     wide.columns.name = None
     table = wide[["size", "context_length", "mode", "fp32", "bf16", "speedup"]].rename(columns={
         "context_length": "context", "fp32": "fp32 (ms)", "bf16": "bf16 autocast (ms)", "speedup": "speed-up (×)"})
@@ -241,7 +267,7 @@ def _precision_speedups(ok: pd.DataFrame, out: Path, ctx: dict) -> dict:
     c = max(ctx["context_lengths"])
     compact = wide[wide.context_length == c].pivot_table(index="size", columns="mode", values="speedup").reset_index()
     compact.columns.name = None
-    compact = _sorted(compact, "size").rename(columns={m: f"{v} (×)" for m, v in MODE_LABEL.items()})
+    compact = sort_rows(compact, "size").rename(columns={m: f"{v} (×)" for m, v in MODE_LABEL.items()})
     md_compact = save_table(compact, out, "bf16_speedup_compact")
     at = wide[(wide.context_length == c) & (wide["mode"] == "train_step")]
     fig, ax = figure(2.8)
@@ -275,7 +301,7 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
     if merged.empty:
         return {}
     merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
-    merged = _sorted(merged, *keys, "compile")
+    merged = sort_rows(merged, *keys, "compile")
     table = merged[keys + ["compile", "mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(columns={
         "context_length": "context", "compile": "compiled", "mean_ms_eager": "eager (ms)",
         "mean_ms_compiled": "compiled (ms)", "speedup": "speed-up (×)"})
@@ -284,10 +310,10 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
                             + (", " + merged["compile"] if len(compiled_modes) > 1 else "") + " (×)").pivot_table(
         index="size", columns="what", values="speedup").reset_index()
     compact.columns.name = None
-    md_compact = save_table(_sorted(compact, "size"), out, "compile_speedup_compact")
+    md_compact = save_table(sort_rows(compact, "size"), out, "compile_speedup_compact")
     fig, ax = figure(3.0)
     for (mode, dtype, method), g in merged.groupby(["mode", "dtype", "compile"]):
-        g = _sorted(g, "size")
+        g = sort_rows(g, "size")
         ax.plot(g["size"], g.speedup, marker="o" if method == "blocks" else "s",
                 ls="-" if method == "blocks" else "--", label=f"{MODE_LABEL[mode]}, {dtype}, {method}")
     ax.axhline(1, color="grey", lw=0.8)
@@ -303,79 +329,13 @@ def _compile_speedups(ok: pd.DataFrame, bench: pd.DataFrame, out: Path, ctx: dic
                                           for m, g in merged.groupby("compile")}}
 
 
-def _warmup(warm: pd.DataFrame, out: Path) -> dict:
-    ok = warm[warm.status == "ok"] if not warm.empty else warm
-    if ok.empty:
-        return {}
-    rows, ratios = [], {}
-    for _, r in ok.iterrows():
-        steps, n = r["step_ms"], int(r["measured_steps"])
-        for w in r["warmups"]:
-            window = steps[w:w + n]
-            rows.append({"size": r["size"], "mode": MODE_LABEL[r["mode"]], "warm-up steps": w,
-                         "mean (ms)": statistics.fmean(window), "std (ms)": statistics.stdev(window)})
-        ratios[f"{r['size']} {MODE_LABEL[r['mode']]}"] = steps[0] / statistics.median(steps[-n:])
-    table = _sorted(pd.DataFrame(rows), "size", "mode", "warm-up steps")
-    # Printed: one row per size and mode, one column per number of warm-up steps (mean ± std).
-    cells = table.assign(cell=[f"{m:.2f} ± {sd:.2f}" for m, sd in zip(table["mean (ms)"], table["std (ms)"],
-                                                                       strict=True)])
-    wide = cells.pivot_table(index=["size", "mode"], columns="warm-up steps", values="cell", aggfunc="first")
-    wide = wide.rename(columns=lambda w: f"w = {w} (ms)").reset_index()
-    wide.columns.name = None
-    wide = wide.sort_values(["size", "mode"], key=lambda c: size_key(c) if c.name == "size" else
-                            c.map(list(MODE_LABEL.values()).index))
-    md = save_table(wide, out, "warmup", data=table)
-    fig, ax = figure(3.0)
-    for _, r in _sorted(ok[ok["mode"] == ok["mode"].iloc[0]], "size").iterrows():
-        ax.plot(range(len(r["step_ms"])), r["step_ms"], marker=".", label=r["size"])
-    log_axis(ax, "y")
-    ax.set_xlabel("step index in a fresh process (0 = first step)")
-    ax.set_ylabel("step time (ms, log scale)")
-    ax.set_title(f"Cold start: {MODE_LABEL[ok['mode'].iloc[0]]} step times, context {int(ok.context_length.iloc[0])}")
-    fig.legend(title="model size", loc="outside right upper")
-    worst = max(ratios, key=ratios.get)
-    return {"tables_warmup": md, "figure_warmup": save_figure(fig, out, "warmup_steps"),
-            "warmup_first_step_ratio": ratios, "warmup_worst": {"what": worst, "ratio": ratios[worst]},
-            "warmup_values": sorted({int(w) for ws in ok["warmups"] for w in ws}),
-            "warmup_context_length": int(ok.context_length.iloc[0])}
-
-
-def _overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: Path) -> dict:
-    """Pipeline overhead per job: the job's wall time (Snakemake's benchmark record) minus the time
-    spent inside its points (model build, compile, warm-up, timed steps)."""
-    # Jobs whose results are not inputs here (precision) count as all overhead: an upper bound.
-    records = {p.relative_to(p.parents[1]).with_suffix("").as_posix() if p.parent.name != "benchmarks" else p.stem:
-               read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
-    if not records:
-        return {}
-    inside: dict[str, float] = {}
-    for df, kind in ((bench, "benchmarking"), (warm, "warmup")):
-        if df.empty:
-            continue
-        for _, r in df.iterrows():
-            job = f"{kind}/{r['size']}-{r['compile']}" if kind == "benchmarking" else f"{kind}/{r['size']}"
-            inside[job] = inside.get(job, 0.0) + float(r.get("point_wall_s") or 0.0)
-    wall, points, over = "wall (s)", "in points (s)", "overhead (s)"
-    # a job whose points record no time of their own (the matmul ceilings) is left out: nothing to subtract
-    rows = [{"job": j, wall: w, points: inside[j], over: w - inside[j]}
-            for j, w in sorted(records.items()) if inside.get(j)]
-    if not rows:
-        return {}
-    table = pd.DataFrame(rows)
-    total_wall, total_over = table[wall].sum(), table[over].sum()
-    table.loc[len(table)] = {"job": "total", wall: total_wall, points: table[points].sum(), over: total_over}
-    return {"tables_overhead": save_table(table, out, "overhead", digits=1),
-            "overhead": {"wall_s": float(total_wall), "overhead_s": float(total_over),
-                         "share_pct": float(100 * total_over / total_wall), "jobs": len(rows)}}
-
-
 def _times_figure(ok: pd.DataFrame, out: Path) -> str:
     eager = ok[ok["compile"] == "eager"]
     c = int(eager.context_length.max())
     fig, axes = figure(3.1, 1, 3, sharey=True)
     for ax, mode in zip(axes, MODE_LABEL, strict=True):
         for dtype, g in eager[(eager.context_length == c) & (eager["mode"] == mode)].groupby("dtype"):
-            g = _sorted(g, "size")
+            g = sort_rows(g, "size")
             ax.errorbar(g["size"], g.mean_ms, yerr=g.std_ms, marker="o", capsize=3, label=dtype)
         ax.set_title(MODE_LABEL[mode])
         ax.set_xlabel("model size")

@@ -9,7 +9,6 @@ headers with units); a wider table goes to a CSV file only (`save_csv`), which t
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from cs336sys.analysis.formatting import fmt  # noqa: E402
 from cs336sys.results import load_results  # noqa: E402
 from cs336sys.sizes import SIZES, SMOKE_SIZES  # noqa: E402
 from cs336sys.writeup.layout import TEXT_WIDTH_CM  # noqa: E402
@@ -42,18 +42,6 @@ SIZE_ORDER = [*SMOKE_SIZES, *(s for s in SIZES if s not in SMOKE_SIZES)]
 def results_frame(paths: list[Path]) -> pd.DataFrame:
     files = [p for p in paths if p.suffix == ".json"]
     return load_results(files) if files else pd.DataFrame()
-
-
-def fmt(value, digits: int = 2) -> str:
-    """A cell: `digits` decimals, except that a value too small for them keeps two significant digits
-    (a nonzero number never prints as zero)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float):
-        if value and abs(value) < 0.5 * 10**-digits:
-            return f"{value:.2g}"
-        return f"{value:,.{digits}f}"
-    return str(value)
 
 
 # A cell that reads as a number: 1,234.5 / 0.76 / 19.22 ± 2.14 / 14% (a status such as "oom" is not).
@@ -134,6 +122,11 @@ def save_figure(fig, out_dir: Path, name: str) -> str:
 
 def size_key(series: pd.Series) -> pd.Series:
     return series.map(lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER))
+
+
+def sort_rows(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """The rows sorted by the columns, model sizes in the grid's order."""
+    return df.sort_values(list(cols), key=lambda s: size_key(s) if s.name == "size" else s)
 
 
 def environment_summary(df: pd.DataFrame) -> dict:

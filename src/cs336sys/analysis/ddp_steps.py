@@ -12,7 +12,9 @@ import pandas as pd
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
-from cs336sys.analysis.ddp_model import Fit, exposed_time, fit_bucket_model, optimal_bucket_bytes
+from cs336sys.analysis.ddp_buckets import FIT_R2_GOOD, bucket_model
+from cs336sys.analysis.ddp_model import exposed_time
+from cs336sys.analysis.formatting import fixed, mean_std, number, percent
 from cs336sys.analysis.verdicts import at_most
 from cs336sys.sizes import SIZES, train_step_flops
 from cs336sys.units import MIB
@@ -21,16 +23,11 @@ from cs336sys.units import MIB
 # TORCH_DDP_DEFAULT_BUCKET_MB; a test checks they agree): the reference of the targets.
 TORCH_DDP_DEFAULT_MB = 25.0
 TARGETS = {"bucketed_vs_torch": 1.02, "overlap_vs_torch": 1.10}
-FIT_R2_GOOD = 0.9  # below this (or with no spare degree of freedom) the report calls the fit poor
 VARIANT_ORDER = ["none", "naive", "flat", "overlap", "bucketed", "bucket_view", "torch_ddp"]
 HOST_SERIES = "host"  # DDPStepSettings.series of the host-overhead jobs, each with baselines of its own
 DTYPE_ORDER = ["fp32", "bf16"]
 LINE_STYLE = {"none": ("black", ":"), "naive": ("C3", "--"), "flat": ("C2", "--"), "overlap": ("C4", "-."),
               "torch_ddp": ("C1", "-")}
-
-
-def _mb(value) -> float | None:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 def variant_key(variant: str, bucket_mb: float | None) -> str:
@@ -63,7 +60,7 @@ def _ratio(a: dict, b: dict | None) -> tuple[float | None, float | None]:
 
 
 def _point(row: pd.Series) -> dict:
-    b = _mb(row.get("bucket_size_mb"))
+    b = number(row.get("bucket_size_mb"))
     p = {"variant": row["variant"], "bucket_mb": b, "key": variant_key(row["variant"], b),
          "label": variant_label(row["variant"], b), "status": row["status"]}
     if row["status"] != "ok":
@@ -170,13 +167,6 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
     return ctx
 
 
-def _cell(p: dict, key: str, digits: int = 2, pct: bool = False) -> str:
-    v = p.get(key)
-    if v is None:
-        return ""
-    return f"{100 * v:.0f}%" if pct else f"{v:.{digits}f}"
-
-
 def _table(points: list[dict]) -> pd.DataFrame:
     rows = []
     for p in points:
@@ -185,10 +175,10 @@ def _table(points: list[dict]) -> pd.DataFrame:
             continue
         calls = "" if p.get("all_reduces") is None else (
             f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
-        rows.append({"variant": p["label"], "step (ms)": f"{p['mean_ms']:.1f} ± {p['std_ms']:.1f}",
-                     "× DDP default": _cell(p, "vs_default", 3), "× DDP same size": _cell(p, "vs_matched", 3),
-                     "comm. (ms)": _cell(p, "comm_ms", 1), "comm. share": _cell(p, "comm_share", pct=True),
-                     "wait (ms)": _cell(p, "sync_wait_ms", 1), "all-reduces (in bwd)": calls})
+        rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
+                     "× DDP default": fixed(p.get("vs_default"), 3), "× DDP same size": fixed(p.get("vs_matched"), 3),
+                     "comm. (ms)": fixed(p.get("comm_ms"), 1), "comm. share": percent(p.get("comm_share")),
+                     "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls})
     return pd.DataFrame(rows)
 
 
@@ -302,88 +292,16 @@ def host_jobs(df: pd.DataFrame, out: Path) -> dict:
             r, se = _ratio(p, default) if p["variant"] != "torch_ddp" else (None, None)
             calls = "" if p.get("all_reduces") is None else (
                 f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
-            rows.append({"variant": p["label"], "step (ms)": f"{p['mean_ms']:.1f} ± {p['std_ms']:.1f}",
-                         "× DDP default": "" if r is None else f"{r:.3f} ± {se:.3f}",
+            rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
+                         "× DDP default": "" if r is None else mean_std(r, se, 3),
                          "− none (ms)": "" if none is None or p is none else f"{p['mean_ms'] - none['mean_ms']:.1f}",
-                         "wait (ms)": _cell(p, "sync_wait_ms", 1), "all-reduces (in bwd)": calls})
+                         "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls})
         ok = g[g.status == "ok"]
         world = int(ok["world_size"].iloc[0]) if not ok.empty else (1 if is_proxy else None)
         name = f"ddp_host_{size}_{dtype}_" + ("proxy1" if is_proxy else f"ws{world}")
         result.append({"size": size, "dtype": dtype, "proxy": bool(is_proxy), "world_size": world,
                        "table": save_table(pd.DataFrame(rows), out, name, digits=2)})
     return {"ddp_host_jobs": result}
-
-
-def bucket_model(by: dict, grad_bytes: int, allreduce_fit: dict | None) -> dict | None:
-    """Fit T = n_b·o + (s/n_b)/w to the bucketed sweep, twice: to the step's excess over `none` (what
-    communication costs the step) and to the wait after the backward (the time the model describes);
-    predicted best bucket sizes against the measured best."""
-    none = by.get("none")
-    pts = sorted((p for p in by.values() if p["variant"] == "bucketed"), key=lambda p: p["bucket_mb"])
-    if none is None or len(pts) < 2:
-        return None
-    s = float(grad_bytes)
-    n_b = [p["all_reduces"] if p.get("all_reduces") else max(1, math.ceil(s / (p["bucket_mb"] * MIB))) for p in pts]
-    # one all-reduce per gradient tensor (naive, overlap): the most buckets there can be
-    n_max = max([n for n in (by.get(k, {}).get("all_reduces") for k in ("naive", "overlap")) if n] + n_b)
-    measured_best = min(pts, key=lambda p: p["mean_ms"])["bucket_mb"]
-    frame = pd.DataFrame({"bucket (MiB)": [f"{p['bucket_mb']:g}" for p in pts], "all-reduces": n_b})
-    fits = {}
-    series = {"step": [(p["mean_ms"] - none["mean_ms"]) / 1e3 for p in pts]}
-    if all(p.get("sync_wait_ms") is not None for p in pts):
-        series["wait"] = [p["sync_wait_ms"] / 1e3 for p in pts]
-    for name, y in series.items():
-        f = fit_bucket_model(n_b, s, y)
-        fits[name] = _describe_fit(f, s, n_max, pts, measured_best)
-        head = "Δ step" if name == "step" else "wait"
-        frame[f"{head} (ms)"] = [v * 1e3 for v in y]
-        if any(abs(v) > 1e-12 for v in f.predicted_s):  # a fit of zero cost (o = 0, 1/w = 0) has no column
-            frame[f"{head} fit (ms)"] = [v * 1e3 for v in f.predicted_s]
-        if any(fits[name]["residuals_ms"]):  # an exact fit (as many points as constants) has none to show
-            frame[f"{head} resid. (ms)"] = fits[name]["residuals_ms"]
-    model = {"grad_bytes": grad_bytes, "points": len(pts), "measured_best_mb": measured_best, "fits": fits,
-             "n_max": n_max, "smallest_bucket_mb": s / n_max / MIB,
-             "frame": frame}
-    if allreduce_fit is not None:
-        # inv_w 0: the sweep's times did not grow with size. Without an optimum, no bandwidth term
-        # makes one bucket best, no fixed cost one all-reduce per tensor.
-        inv_w = allreduce_fit.get("inv_w", 0.0)
-        b = optimal_bucket_bytes(s, allreduce_fit["o_s"], 1 / inv_w if inv_w > 0 else math.inf)
-        has_optimum = math.isfinite(b) and b > 0
-        model["from_allreduce"] = {"o_us": allreduce_fit["o_s"] * 1e6, "w_gbps": 1e-9 / inv_w if inv_w > 0 else None,
-                                   "b_star_mb": b / MIB if has_optimum else None,
-                                   "nearest_measured_mb": _nearest(pts, b) if has_optimum else None,
-                                   "best_without_optimum": None if has_optimum else
-                                   ("one bucket" if b == math.inf else "one all-reduce per tensor")}
-    return model
-
-
-def _zero(x: float) -> float:
-    """Rounding noise of an exact fit prints as 0.00, not -0.00."""
-    return 0.0 if abs(x) < 1e-9 else x
-
-
-def _nearest(pts: list[dict], b_bytes: float) -> float | None:
-    if not math.isfinite(b_bytes) or b_bytes <= 0:
-        return None
-    return min(pts, key=lambda p: abs(math.log(p["bucket_mb"] * MIB / b_bytes)))["bucket_mb"]
-
-
-def _describe_fit(f: Fit, s: float, n_max: int, pts: list[dict], measured_best: float) -> dict:
-    d = f.as_dict()
-    b = optimal_bucket_bytes(s, f.o_s, f.w_bytes_per_s)
-    d["b_star_mb"] = b / MIB if math.isfinite(b) and b > 0 else None
-    d["b_star_unbounded"] = not math.isfinite(b) or b <= 0  # o = 0 or 1/w = 0: no interior optimum
-    d["b_star_is_all"] = bool(math.isfinite(b) and b >= s)  # one bucket: as flat, but launched in backward
-    d["b_star_below_tensor"] = bool(0 < b < s / n_max)  # finer than the tensors: one all-reduce per tensor
-    pred = f.predicted_s
-    d["predicted_best_mb"] = pts[min(range(len(pts)), key=pred.__getitem__)]["bucket_mb"]
-    d["agrees"] = d["predicted_best_mb"] == measured_best
-    d["max_abs_residual_ms"] = max(abs(r) for r in f.residuals_s) * 1e3
-    d["good"] = bool(f.dof > 0 and f.r2 is not None and f.r2 >= FIT_R2_GOOD)
-    d["residuals_ms"] = [_zero(r * 1e3) for r in f.residuals_s]
-    d["predicted_ms"] = [v * 1e3 for v in f.predicted_s]
-    return d
 
 
 def _sweep_figure(result: list[dict], out: Path) -> str | None:

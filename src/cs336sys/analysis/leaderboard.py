@@ -17,24 +17,29 @@ attention / 2), forward plus a backward of twice the forward.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
 from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame, save_table
+from cs336sys.analysis.formatting import mean_std
+from cs336sys.analysis.leaderboard_judgement import (
+    TARGET_SPEEDUP,
+    TARGET_STEP_S,
+    TARGET_WALL_S,
+    ablation_rows,
+    best_point,
+    entry_point,
+    gap_to_baseline,
+    own_attention,
+    verdict_of,
+)
+from cs336sys.analysis.leaderboard_kernels import kernel_gap, kernel_gap_table, kernels, kernels_table
 from cs336sys.results import read_result
 from cs336sys.sizes import get_size
 from cs336sys.units import GIB
 
-TARGET_STEP_S = 5.0  # the project's leaderboard issue: step <= 5.0 s on 2 H200s
-# ... i.e. at least 1.35x faster than PyTorch's parts in the same job (their 6.73-6.78 s over 5.0 s)
-TARGET_SPEEDUP = 1.35
-TARGET_WALL_S = 600.0  # the handout: from an empty cache, the timing run within 10 minutes
-# A step is called bound by compute when no more than this share of it is communication that no
-# compute hid (in ours and in PyTorch's parts).
-COMPUTE_BOUND_EXPOSED_SHARE = 0.05
 VARIANT_LABEL = {"ours": "ours", "pytorch_parts": "PyTorch's parts"}
 PHASES = ("forward", "backward", "sync", "optimizer_step")
 
@@ -48,42 +53,6 @@ def model_flops(size: str, batch: int, context: int) -> dict[str, float]:
     attention_full = 3 * s.num_layers * 2 * 2 * batch * context**2 * s.d_model
     return {"dense": float(dense), "attention": attention_full / 2, "total": dense + attention_full / 2,
             "attention_full": float(attention_full), "dense_params": float(dense_params)}
-
-
-# Kernel families, by name, tried in this order (cuDNN's attention kernels also say "wgmma", so attention
-# is matched before the matmuls). Ours: flash_forward_kernel, backward_kernel and backward_delta_kernel
-# (cs336sys.attention.flash_triton_*); SDPA's: cuDNN "sdpa ... fprop/bprop" or FlashAttention "flash_fwd/bwd".
-KERNEL_FAMILIES = (
-    ("attention forward", ("flash_forward_kernel", "sdpa_sm90_flash_fprop", "fprop", "flash_fwd", "fmha_fwd")),
-    ("attention backward", ("backward_kernel", "backward_delta_kernel", "bprop", "flash_bwd", "fmha_bwd")),
-    ("matmuls", ("nvjet", "gemm", "xmma", "cutlass", "wgmma")),
-    ("optimizer", ("adamw_kernel", "multi_tensor_apply", "fused_adam", "_fused_adamw")),
-)
-
-
-def kernel_family(name: str, category: str) -> str:
-    """A kernel's family for the breakdown: communication, memory copies, the families above, or
-    "other compute" (elementwise and reduction kernels: norms, activations, casts, the loss)."""
-    if category == "communication":
-        return "communication"
-    if category in ("memcpy", "memset"):
-        return "copies"
-    lowered = name.lower()
-    for family, needles in KERNEL_FAMILIES:
-        if any(n.lower() in lowered for n in needles):
-            return family
-    return "other compute"
-
-
-def kernel_breakdown(summary: dict) -> dict[str, float]:
-    """Milliseconds of kernel time per family in one profiled step (`summarize_timeline`'s events:
-    every stream; collectives overlap compute, so the families do not add up to the step)."""
-    ev = summary["events"]
-    out: dict[str, float] = {}
-    for n, cat, dur in zip(ev["name"], ev["category"], ev["dur_us"], strict=True):
-        family = kernel_family(summary["names"][n], cat)
-        out[family] = out.get(family, 0.0) + dur / 1e3
-    return out
 
 
 def _describe(settings: dict) -> str:
@@ -164,129 +133,6 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
     return row, phases
 
 
-def _against_baseline(row: dict, ok: list[dict], floor_s: float | None) -> dict:
-    """A config of ours against the targets, the floor and PyTorch's parts timed in the same job."""
-    out = {"job": row["job"], "config": row["name"], "setup": row["setup"], "step_s": row["step_s"],
-           "step_ok": row["step_s"] <= TARGET_STEP_S, "to_target_s": row["step_s"] - TARGET_STEP_S,
-           "wall_s": row["wall_s"], "wall_ok": row["wall_s"] is not None and row["wall_s"] <= TARGET_WALL_S,
-           "peak_gib": row["peak_gib"]}
-    if floor_s:
-        out["over_floor"] = row["step_s"] / floor_s
-    base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == row["job"]), None)
-    if base is not None:
-        out.update(base_s=base["step_s"], base_peak_gib=base["peak_gib"], speedup=base["step_s"] / row["step_s"],
-                   speedup_ok=base["step_s"] / row["step_s"] >= TARGET_SPEEDUP)
-    return out
-
-
-def _verdict(rows: list[dict], floor_s: float | None) -> dict | None:
-    """`ours` (the default config) against the targets and against PyTorch's parts timed in the same job
-    (the first job that has both; else `ours` alone, from the first job that has it)."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    jobs = list(dict.fromkeys(r["job"] for r in ok))
-    pick = next((j for j in jobs if {"ours", "pytorch_parts"} <= {r["name"] for r in ok if r["job"] == j}), None)
-    ours = next((r for r in ok if r["name"] == "ours" and r["job"] == (pick or r["job"])), None)
-    if ours is None:
-        return None
-    return _against_baseline(ours, ok, floor_s)
-
-
-def _best(rows: list[dict], floor_s: float | None) -> dict | None:
-    """The fastest config of ours that was timed in a job with PyTorch's parts, when it is not `ours`."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    with_base = {r["job"] for r in ok if r["variant"] == "pytorch_parts"}
-    candidates = [r for r in ok if r["variant"] == "ours" and r["job"] in with_base]
-    if not candidates:
-        return None
-    best = min(candidates, key=lambda r: r["step_s"])
-    if best["name"] == "ours":
-        return None
-    return _against_baseline(best, ok, floor_s)
-
-
-def _gap(rows: list[dict], verdict: dict | None) -> dict | None:
-    """Where ours loses to PyTorch's parts, in the job of the verdict: each phase's device time, and
-    the communication that no compute hid, from the profiled step of each."""
-    if not verdict or "base_s" not in verdict:
-        return None
-    job = verdict["job"]
-    ours = next(r for r in rows if r["job"] == job and r["name"] == verdict["config"])
-    base = next(r for r in rows if r["job"] == job and r["variant"] == "pytorch_parts")
-    phases = {}
-    for phase in ("forward", "backward"):
-        a, b = ours["phase_device_ms"].get(phase), base["phase_device_ms"].get(phase)
-        if a is not None and b is not None:
-            phases[phase] = {"ours_ms": a, "base_ms": b, "diff_ms": a - b}
-    exposed = [ours.get("exposed_comm_ms"), base.get("exposed_comm_ms")]
-    compute_bound = None
-    if None not in exposed:
-        compute_bound = max(exposed) < COMPUTE_BOUND_EXPOSED_SHARE * 1000 * verdict["step_s"]
-    return {"job": job, "phases": phases, "ours_exposed_comm_ms": exposed[0], "base_exposed_comm_ms": exposed[1],
-            "compute_bound": compute_bound, "compute_bound_share_pct": 100 * COMPUTE_BOUND_EXPOSED_SHARE,
-            "ours_optimizer_ms": ours["phase_device_ms"].get("optimizer_step")}
-
-
-def _kernels(paths: list[Path], rows: list[dict]) -> list[dict]:
-    """Each ok config's kernel time by family, from the timeline rendered beside its result."""
-    timelines = {(p.parent.name, p.name): p / "timeline.json" for p in paths if (p / "timeline.json").is_file()}
-    out = []
-    for r in rows:
-        path = timelines.get((r["job"], r["name"]))
-        if r["status"] == "ok" and path is not None:
-            out.append({"job": r["job"], "config": r["name"], "ms": kernel_breakdown(json.loads(path.read_text()))})
-    return out
-
-
-def _kernel_gap(kernels: list[dict], verdict: dict | None) -> dict | None:
-    """Ours against PyTorch's parts, family by family, in the verdict's job."""
-    if not verdict or "base_s" not in verdict:
-        return None
-    by = {(k["job"], k["config"]): k["ms"] for k in kernels}
-    ours, base = by.get((verdict["job"], verdict["config"])), by.get((verdict["job"], "pytorch_parts"))
-    if ours is None or base is None:
-        return None
-    families = sorted(set(ours) | set(base))
-    return {f: {"ours_ms": ours.get(f, 0.0), "base_ms": base.get(f, 0.0),
-                "diff_ms": ours.get(f, 0.0) - base.get(f, 0.0)} for f in families}
-
-
-def _ablation(rows: list[dict]) -> list[dict]:
-    """Every other config of ours against `ours` timed in the same job."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    out = []
-    for job in dict.fromkeys(r["job"] for r in ok):
-        ours = next((r for r in ok if r["job"] == job and r["name"] == "ours"), None)
-        if ours is None:
-            continue
-        out += [{"job": job, "config": r["name"], "settings": r["setup"], "step s": r["step_s"],
-                 "change s": r["step_s"] - ours["step_s"], "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×",
-                 "peak GiB/GPU": r["peak_gib"]}
-                for r in ok if r["job"] == job and r["variant"] == "ours" and r is not ours]
-    return out
-
-
-def _own_attention(row: dict) -> bool:
-    """An entry must use our own implementation: SDPA's kernels (cuDNN) make a config an ablation only."""
-    return row["variant"] == "ours" and row.get("attention") != "sdpa"
-
-
-def _entry(rows: list[dict], floor_s: float | None) -> dict | None:
-    """Our leaderboard entry: the fastest config that uses only our own kernels, with what it was timed
-    beside (PyTorch's parts, or `ours`, in the same job)."""
-    ok = [r for r in rows if r["status"] == "ok" and _own_attention(r)]
-    if not ok:
-        return None
-    entry = min(ok, key=lambda r: r["step_s"])
-    out = _against_baseline(entry, [r for r in rows if r["status"] == "ok"], floor_s)
-    same = next((r for r in rows if r["status"] == "ok" and r["job"] == entry["job"] and r["name"] == "ours"
-                 and r is not entry), None)
-    if same is not None:
-        out.update(ours_s=same["step_s"], vs_ours=entry["step_s"] / same["step_s"])
-    out["mfu"] = entry.get("mfu")
-    out["host"] = entry["host"]["label"]
-    return out
-
-
 def _reference(reference: dict | None, flops: float | None, world_size: int, peak_tflops: float | None,
                entry: dict | None) -> dict | None:
     """The public best (a published figure, other GPUs) set against ours by the share of peak each reaches."""
@@ -344,6 +190,8 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
           world_size: int = 2, compute_dtype: str = "bf16", peak_tflops: float | None = None,
           configs: dict | None = None, jobs: dict | None = None, flash_tuned_at: dict | None = None,
           reference: dict | None = None, **_: object) -> dict:
+    """The section's context: the plan and the floor from the config, then from the results every point,
+    the verdict and the gap to PyTorch's parts, the best and our entry, the ablation, the public reference."""
     frame = results_frame(paths)
     ctx: dict = {"env": environment_summary(frame), "tables": {}, "world_size": world_size,
                  "compute_dtype": compute_dtype, "peak_tflops": peak_tflops, "jobs": dict(jobs or {}),
@@ -351,25 +199,8 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
                  "configs": {name: _describe(c) for name, c in (configs or {}).items()},
                  "targets": {"step_s": TARGET_STEP_S, "speedup": TARGET_SPEEDUP, "wall_s": TARGET_WALL_S}}
     if size is not None and context_length is not None:
-        s = get_size(size)
-        flops = model_flops(size, world_size, context_length)  # batch: one sample per rank
-        ctx["model"] = {"size": size, "context_length": context_length, "batch": world_size,
-                        "d_model": s.d_model, "d_ff": s.d_ff, "layers": s.num_layers, "heads": s.num_heads,
-                        "vocab": s.vocab_size,
-                        "parameters_b": (flops["dense_params"] + s.vocab_size * s.d_model) / 1e9,  # + embedding
-                        "flops_pf": flops["total"] / 1e15, "dense_pf": flops["dense"] / 1e15,
-                        "attention_pf": flops["attention"] / 1e15}
-        if peak_tflops:
-            ctx["floor_s"] = flops["total"] / (world_size * peak_tflops * 1e12)
-            ctx["target_mfu"] = ctx["floor_s"] / TARGET_STEP_S
-    # results/leaderboard_step/<job>/<config>.json, and the proxy's results/leaderboard_proxy/<config>.json
-    read = [(p, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
-    results = [(p.parent.name, p.stem, r) for p, r in read if r.get("problem") == "leaderboard_step"]
-    proxies = [(p.stem, r) for p, r in read if r.get("problem") == "leaderboard_proxy"]
-    if proxies:
-        ctx["proxy_layers"] = sorted({r["settings"]["num_layers"] for _, r in proxies})
-        proxy = _proxy_table(proxies)  # the printed table names each config; its CSV also says what each runs
-        ctx["tables"]["proxy"] = save_table(proxy.drop(columns="setup"), out, "proxy", digits=2, data=proxy)
+        _model(ctx, size, context_length, world_size, peak_tflops)
+    results = _read_results(paths, ctx, out)
     ctx["limitations"] = []
     if not results:
         ctx["summary"] = []
@@ -379,20 +210,77 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         f"The leaderboard runs on two B200s; the step here was timed on {' and '.join(hosts)}"
         + (", the only GPUs lent (the public best is set against ours by the share of each GPU's datasheet peak "
            "that a step reaches)." if all(hosts.values()) else ": a check of the pipeline, not a timing."))
-    # jobs with the baseline first (the config's order does not survive the JSON of the rule's params)
-    order = sorted(ctx["jobs"], key=lambda j: ("pytorch_parts" not in ctx["jobs"][j], "ours" not in ctx["jobs"][j], j))
-    results.sort(key=lambda t: (order.index(t[0]) if t[0] in order else len(order), t[0],
-                                ctx["jobs"].get(t[0], []).index(t[1]) if t[1] in ctx["jobs"].get(t[0], []) else 99))
     rows, phases = [], []
-    for job, name, r in results:
+    for job, name, r in _in_job_order(results, ctx["jobs"]):
         row, row_phases = _row(job, name, r, world_size, peak_tflops)
         rows.append(row)
         phases += row_phases
     ctx["points"] = rows
-    # every point, for the appendix (each config's setup is in the configurations table)
+    _point_tables(ctx, rows, phases, out)
+    found = kernels(paths, rows)
+    if found:
+        ctx["kernels"] = found
+        ctx["tables"]["kernels"] = kernels_table(found, out)
+    verdict, best, entry = _judge(ctx, rows, found, out)
+    head = _headline(rows, verdict, entry, best)
+    if head:
+        ctx["tables"]["entry"] = save_table(pd.DataFrame(head), out, "entry", digits=2)
+    _ablation_table(ctx, rows, out)
+    flops = model_flops(size, world_size, context_length)["total"] if size and context_length else None
+    ref = _reference(reference, flops, world_size, peak_tflops, entry)
+    if ref is not None:
+        ctx["reference"] = ref
+    ctx["not_ok"] = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+                     for r in rows if r["status"] != "ok"]
+    walls = [p for p in paths if p.suffix == ".tsv"]
+    if walls:
+        ctx["job_wall_s"] = {p.stem: read_benchmark_tsv(p) for p in walls}
+    ctx["summary"] = _summary(ctx)
+    return ctx
+
+
+def _model(ctx: dict, size: str, context_length: int, world_size: int, peak_tflops: float | None) -> None:
+    """The model's shape and FLOPs per step (one sample per rank), and where a peak is known the FLOP
+    floor of the step and the MFU the target asks for."""
+    s = get_size(size)
+    flops = model_flops(size, world_size, context_length)
+    ctx["model"] = {"size": size, "context_length": context_length, "batch": world_size,
+                    "d_model": s.d_model, "d_ff": s.d_ff, "layers": s.num_layers, "heads": s.num_heads,
+                    "vocab": s.vocab_size,
+                    "parameters_b": (flops["dense_params"] + s.vocab_size * s.d_model) / 1e9,  # + embedding
+                    "flops_pf": flops["total"] / 1e15, "dense_pf": flops["dense"] / 1e15,
+                    "attention_pf": flops["attention"] / 1e15}
+    if peak_tflops:
+        ctx["floor_s"] = flops["total"] / (world_size * peak_tflops * 1e12)
+        ctx["target_mfu"] = ctx["floor_s"] / TARGET_STEP_S
+
+
+def _read_results(paths: list[Path], ctx: dict, out: Path) -> list[tuple[str, str, dict]]:
+    """The step results as (job, config, result) (results/leaderboard_step/<job>/<config>.json); the
+    proxy's (results/leaderboard_proxy/<config>.json) go straight into their table."""
+    read = [(p, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
+    results = [(p.parent.name, p.stem, r) for p, r in read if r.get("problem") == "leaderboard_step"]
+    proxies = [(p.stem, r) for p, r in read if r.get("problem") == "leaderboard_proxy"]
+    if proxies:
+        ctx["proxy_layers"] = sorted({r["settings"]["num_layers"] for _, r in proxies})
+        proxy = _proxy_table(proxies)  # the printed table names each config; its CSV also says what each runs
+        ctx["tables"]["proxy"] = save_table(proxy.drop(columns="setup"), out, "proxy", digits=2, data=proxy)
+    return results
+
+
+def _in_job_order(results: list[tuple[str, str, dict]], jobs: dict) -> list[tuple[str, str, dict]]:
+    """The results with the baseline's job first, then ours, each job's configs in the config's order
+    (which does not survive the JSON of the rule's params)."""
+    order = sorted(jobs, key=lambda j: ("pytorch_parts" not in jobs[j], "ours" not in jobs[j], j))
+    return sorted(results, key=lambda t: (order.index(t[0]) if t[0] in order else len(order), t[0],
+                                          jobs.get(t[0], []).index(t[1]) if t[1] in jobs.get(t[0], []) else 99))
+
+
+def _point_tables(ctx: dict, rows: list[dict], phases: list[dict], out: Path) -> None:
+    """Every point (for the appendix), the configurations and the phases of each profiled step."""
     ctx["tables"]["steps"] = save_table(pd.DataFrame([
         {"job": r["job"], "config": r["name"],
-         "step (s)": f"{r['step_s']:.3f} ± {r['std_s']:.3f}" if "step_s" in r else r["status"],
+         "step (s)": mean_std(r["step_s"], r["std_s"], 3) if "step_s" in r else r["status"],
          "do_bench (s)": r.get("do_bench_s"), "peak (GiB/GPU)": r.get("peak_gib"),
          "MFU (%)": 100 * r["mfu"] if r.get("mfu") is not None else None, "wall (s)": r.get("wall_s")}
         for r in rows]), out, "steps", digits=2)
@@ -401,40 +289,35 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     if phases:
         ctx["tables"]["phases"] = save_table(pd.DataFrame(phases).rename(
             columns={"device ms": "device (ms)", "host ms": "host (ms)"}), out, "phases", digits=1)
-    kernels = _kernels(paths, rows)
-    columns = ["attention forward", "attention backward", "matmuls", "other compute", "optimizer", "communication"]
-    short = {"attention forward": "attn. fwd", "attention backward": "attn. bwd", "other compute": "other",
-             "communication": "comm."}
-    if kernels:
-        ctx["kernels"] = kernels
-        present = [c for c in columns if any(k["ms"].get(c) for k in kernels)]  # a family no step ran is left out
-        ctx["tables"]["kernels"] = save_table(pd.DataFrame(
-            [{"job": k["job"], "config": k["config"]}
-             | {f"{short.get(c, c)} (s)": k["ms"].get(c, 0.0) / 1e3 for c in present} for k in kernels]),
-            out, "kernels", digits=3)
-    verdict = _verdict(rows, ctx.get("floor_s"))
+
+
+def _judge(ctx: dict, rows: list[dict], found: list[dict], out: Path) -> tuple[dict | None, dict | None, dict | None]:
+    """The verdict on ours against PyTorch's parts with the gap between them (kernel family by family
+    where both were profiled), the best point and our entry; each into the context where it exists."""
+    verdict = verdict_of(rows, ctx.get("floor_s"))
     if verdict is not None:
         ctx["verdict"] = verdict
-        gap = _gap(rows, verdict)
+        gap = gap_to_baseline(rows, verdict)
         if gap is not None:
-            kernel_gap = _kernel_gap(kernels, verdict)
-            if kernel_gap is not None:
-                gap["kernels"] = kernel_gap
-                ctx["tables"]["kernel_gap"] = save_table(pd.DataFrame(
-                    [{"kernel family": f, "ours (s)": k["ours_ms"] / 1e3, "PyTorch's parts (s)": k["base_ms"] / 1e3,
-                      "difference (s)": k["diff_ms"] / 1e3}
-                     for f, k in sorted(kernel_gap.items(), key=lambda fk: -abs(fk[1]["diff_ms"]))
-                     if f in columns and (k["ours_ms"] or k["base_ms"])]), out, "kernel_gap", digits=3)
+            by_family = kernel_gap(found, verdict)
+            if by_family is not None:
+                gap["kernels"] = by_family
+                ctx["tables"]["kernel_gap"] = kernel_gap_table(by_family, out)
             ctx["gap"] = gap
-    best = _best(rows, ctx.get("floor_s"))
+    best = best_point(rows, ctx.get("floor_s"))
     if best is not None:
         ctx["best"] = best
-        best["own_attention"] = _own_attention(next(r for r in rows if r["job"] == best["job"]
+        best["own_attention"] = own_attention(next(r for r in rows if r["job"] == best["job"]
                                                     and r["name"] == best["config"]))
-    entry = _entry(rows, ctx.get("floor_s"))
+    entry = entry_point(rows, ctx.get("floor_s"))
     if entry is not None:
         ctx["entry"] = entry
-    # The headline table: PyTorch's parts and ours as built (one job), our entry, the fastest ablation.
+    return verdict, best, entry
+
+
+def _headline(rows: list[dict], verdict: dict | None, entry: dict | None, best: dict | None) -> list[dict]:
+    """The headline table's rows: PyTorch's parts and ours as built (one job), our entry, the fastest
+    ablation; each once, each against PyTorch's parts in its own job."""
     picks = []
     for pick, role in ((verdict and ("main", "pytorch_parts"), "baseline"),
                        (verdict and (verdict["job"], verdict["config"]), "ours as built"),
@@ -454,23 +337,15 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         head.append({"config": name, "role": role, "step (s)": r["step_s"],
                      "× PyTorch's parts": f"{base['step_s'] / r['step_s']:.3f}" if base else "not in its job",
                      "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None})
-    if head:
-        ctx["tables"]["entry"] = save_table(pd.DataFrame(head), out, "entry", digits=2)
-    ablation = _ablation(rows)
+    return head
+
+
+def _ablation_table(ctx: dict, rows: list[dict], out: Path) -> None:
+    """Every other config of ours against `ours` in the same job, and the largest change among them."""
+    ablation = ablation_rows(rows)
     if ablation:
         ctx["largest_change"] = min(ablation, key=lambda a: a["change s"])
         ctx["tables"]["ablation"] = save_table(pd.DataFrame(
             [{"job": a["job"], "config": a["config"], "what changes": a["settings"],
               "step (s)": a["step s"], "change (s)": a["change s"], "× ours": a["vs ours"].rstrip("×"),
               "peak (GiB/GPU)": a["peak GiB/GPU"]} for a in ablation]), out, "ablation", digits=3)
-    flops = model_flops(size, world_size, context_length)["total"] if size and context_length else None
-    ref = _reference(reference, flops, world_size, peak_tflops, entry)
-    if ref is not None:
-        ctx["reference"] = ref
-    ctx["not_ok"] = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
-                     for r in rows if r["status"] != "ok"]
-    walls = [p for p in paths if p.suffix == ".tsv"]
-    if walls:
-        ctx["job_wall_s"] = {p.stem: read_benchmark_tsv(p) for p in walls}
-    ctx["summary"] = _summary(ctx)
-    return ctx

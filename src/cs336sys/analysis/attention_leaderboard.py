@@ -1,0 +1,140 @@
+"""The attention section's leaderboard shapes: ours against SDPA's backends at both leaderboards'
+attention shapes (forward, backward, both; the kernels of ours and of cuDNN), and the Gluon kernels
+against cuDNN timed in the same job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.analysis.common import save_table
+
+LB_IMPLS = {"ours": "ours (Triton)", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA FlashAttention-2",
+            "sdpa_efficient": "SDPA memory-efficient", "naive": "naive PyTorch"}
+
+
+def _shape_text(r: pd.Series) -> str:
+    """The attention shape of a leaderboard point, in words."""
+    if r.get("layout") == "bsd":
+        return f"q, k, v of ({int(r['batch'])}, {int(r['seq']):,}, {int(r['d'])}), heads in the batch"
+    return f"{int(r['batch'])} × {int(r['heads'])} heads × {int(r['seq']):,} × d {int(r['d'])}"
+
+
+def _kernel_label(name: str, nth: int, count: int) -> str:
+    """Our backward launches `backward_kernel` once per kind of program (dQ first) when split."""
+    if name == "backward_kernel" and count == 2:
+        return f"backward_kernel ({'dQ' if nth == 0 else 'dK/dV'} programs)"
+    if name.startswith("cudnn_generated") and ("fprop" in name or "bprop" in name):  # cuDNN's generated names
+        return f"cuDNN sm90 {'fprop' if 'fprop' in name else 'bprop'} (wgmma)"
+    return name if len(name) <= 40 else name[:37] + "..."
+
+
+def _kernels(r: pd.Series) -> list[dict]:
+    """A point's kernels with their time and share, those under 2% of the total gathered as "other kernels"."""
+    kernels = r.get("kernels")
+    if not isinstance(kernels, list) or not kernels:
+        return []
+    total = sum(k["ms"] for k in kernels)
+    seen: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for k in kernels:
+        counts[k["name"]] = counts.get(k["name"], 0) + 1
+    rows, other = [], 0.0
+    for k in kernels:
+        nth = seen.get(k["name"], 0)
+        seen[k["name"]] = nth + 1
+        if k["ms"] < 0.02 * total:  # the loss's sum, the ones of its gradient, casts
+            other += k["ms"]
+            continue
+        rows.append({"kernel": _kernel_label(k["name"], nth, counts[k["name"]]), "ms": k["ms"],
+                     "share (%)": 100 * k["ms"] / total})
+    if other:
+        rows.append({"kernel": "other kernels", "ms": other, "share (%)": 100 * other / total})
+    return rows
+
+
+def gpu_label(r: pd.Series) -> str:
+    """The GPU a result was measured on, from its env ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    name = str(r.get("env.gpu") or r.get("gpu_model") or "")
+    for model in ("H100", "H200", "B200", "A100"):
+        if model in name:
+            return model
+    return name or "CPU"
+
+
+GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",
+               "gluon_bwd": "Gluon forward and backward"}
+
+
+def gluon(df: pd.DataFrame, out: Path) -> dict:
+    """The Gluon kernels at the leaderboard shapes against cuDNN timed in the same job: a table and, per
+    (GPU, shape), each Gluon configuration's time over cuDNN's (forward, backward, both)."""
+    if df.empty:
+        return {}
+    df = df.assign(gpu=[gpu_label(r) for _, r in df.iterrows()])
+    rows, editions = [], []
+    for (gpu, edition), part in df.groupby(["gpu", "edition"], sort=True):
+        ok = part[part.status == "ok"].set_index("impl")
+        for _, r in part.iterrows():
+            good = r["status"] == "ok"
+            rows.append({"GPU": gpu, "leaderboard": edition, "implementation": GLUON_IMPLS.get(r["impl"], r["impl"]),
+                         "status": r["status"], "forward (ms)": r.get("fwd_ms") if good else None,
+                         "backward (ms)": r.get("bwd_ms") if good else None,
+                         "fwd+bwd (ms)": r.get("fwd_bwd_ms") if good else None})
+        ratios = {}
+        if "sdpa_cudnn" in ok.index:
+            base = ok.loc["sdpa_cudnn"]
+            ratios = {impl: {p: float(ok.loc[impl, f"{p}_ms"] / base[f"{p}_ms"]) for p in ("fwd", "bwd", "fwd_bwd")}
+                      for impl in ok.index if impl != "sdpa_cudnn"}
+        editions.append({"gpu": gpu, "edition": edition, "ratios": ratios})
+    table = pd.DataFrame(rows)
+    if (table["status"] == "ok").all():
+        table = table.drop(columns="status")
+    return {"lb_gluon": {"table": save_table(table, out, "leaderboard_gluon", digits=3), "editions": editions,
+                         "gpus": sorted(set(df["gpu"]))}}
+
+
+def leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
+    """Both leaderboards' attention shapes: forward, backward, both; ours against SDPA's backends."""
+    if df.empty:
+        return {}
+    df = df.copy()
+    if "edition" not in df:
+        df["edition"] = "2025"
+    df["gpu"] = [gpu_label(r) for _, r in df.iterrows()]
+    rows, kernel_rows, editions = [], [], []
+    for (gpu, edition), part in df.groupby(["gpu", "edition"], sort=True):
+        ok = part[part.status == "ok"].set_index("impl")
+        for _, r in part.iterrows():
+            good = r["status"] == "ok"
+            rows.append({"GPU": gpu, "leaderboard": edition, "implementation": LB_IMPLS.get(r["impl"], r["impl"]),
+                         "status": r["status"],
+                         "forward (ms)": r.get("fwd_ms") if good else None,
+                         "backward (ms)": r.get("bwd_ms") if good else None,
+                         "fwd+bwd (ms)": r.get("fwd_bwd_ms") if good else None,
+                         "forward TFLOP/s": r.get("fwd_tflops") if good else None,
+                         "backward TFLOP/s": r.get("bwd_tflops") if good else None})
+            if good and r["impl"] in ("ours", "sdpa_cudnn"):
+                kernel_rows += [{"GPU": gpu, "leaderboard": edition, "implementation": LB_IMPLS[r["impl"]], **k}
+                                for k in _kernels(r)]
+        entry = {"gpu": gpu, "edition": edition, "shape": _shape_text(part.iloc[0]), "ratios": {}}
+        if "ours" in ok.index and "fwd_ms" in ok:
+            ours = ok.loc["ours"]
+            entry["ours"] = {k: float(ours[k]) for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+            entry["ratios"] = {impl: {part_: float(ours[f"{part_}_ms"] / ok.loc[impl, f"{part_}_ms"])
+                                      for part_ in ("fwd", "bwd", "fwd_bwd")}
+                               for impl in ok.index if impl != "ours"}
+            entry["tiles"] = {k: ours.get(k) for k in ("forward_tiles", "backward_tiles")
+                              if isinstance(ours.get(k), str)}
+        editions.append(entry)
+    table = pd.DataFrame(rows)
+    if (table["status"] == "ok").all():
+        table = table.drop(columns="status")
+    # printed: ours against cuDNN and FlashAttention-2; the CSV also has SDPA's other backends
+    shown = table[table["implementation"].isin([LB_IMPLS[k] for k in ("ours", "sdpa_cudnn", "sdpa_flash")])]
+    ctx = {"lb_table": save_table(shown, out, "leaderboard", digits=3, data=table), "lb_reference_ms": reference_ms,
+           "lb_editions": editions, "lb_dtype": str(df.iloc[0]["dtype"]), "lb_gpus": sorted(set(df["gpu"]))}
+    if kernel_rows:
+        ctx["lb_kernels"] = save_table(pd.DataFrame(kernel_rows), out, "leaderboard_kernels", digits=3)
+    return ctx

@@ -1,0 +1,93 @@
+"""The leaderboard section's kernel breakdown: each profiled step's kernel time by family (attention
+forward and backward, matmuls, optimizer, communication, copies, other compute), ours against PyTorch's
+parts family by family, and the two tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.analysis.common import save_table
+
+FAMILY_COLUMNS = ["attention forward", "attention backward", "matmuls", "other compute", "optimizer", "communication"]
+SHORT = {"attention forward": "attn. fwd", "attention backward": "attn. bwd", "other compute": "other",
+         "communication": "comm."}
+
+# Kernel families, by name, tried in this order (cuDNN's attention kernels also say "wgmma", so attention
+# is matched before the matmuls). Ours: flash_forward_kernel, backward_kernel and backward_delta_kernel
+# (cs336sys.attention.flash_triton_*); SDPA's: cuDNN "sdpa ... fprop/bprop" or FlashAttention "flash_fwd/bwd".
+KERNEL_FAMILIES = (
+    ("attention forward", ("flash_forward_kernel", "sdpa_sm90_flash_fprop", "fprop", "flash_fwd", "fmha_fwd")),
+    ("attention backward", ("backward_kernel", "backward_delta_kernel", "bprop", "flash_bwd", "fmha_bwd")),
+    ("matmuls", ("nvjet", "gemm", "xmma", "cutlass", "wgmma")),
+    ("optimizer", ("adamw_kernel", "multi_tensor_apply", "fused_adam", "_fused_adamw")),
+)
+
+
+def kernel_family(name: str, category: str) -> str:
+    """A kernel's family for the breakdown: communication, memory copies, the families above, or
+    "other compute" (elementwise and reduction kernels: norms, activations, casts, the loss)."""
+    if category == "communication":
+        return "communication"
+    if category in ("memcpy", "memset"):
+        return "copies"
+    lowered = name.lower()
+    for family, needles in KERNEL_FAMILIES:
+        if any(n.lower() in lowered for n in needles):
+            return family
+    return "other compute"
+
+
+def kernel_breakdown(summary: dict) -> dict[str, float]:
+    """Milliseconds of kernel time per family in one profiled step (`summarize_timeline`'s events:
+    every stream; collectives overlap compute, so the families do not add up to the step)."""
+    ev = summary["events"]
+    out: dict[str, float] = {}
+    for n, cat, dur in zip(ev["name"], ev["category"], ev["dur_us"], strict=True):
+        family = kernel_family(summary["names"][n], cat)
+        out[family] = out.get(family, 0.0) + dur / 1e3
+    return out
+
+
+def kernels(paths: list[Path], rows: list[dict]) -> list[dict]:
+    """Each ok config's kernel time by family, from the timeline rendered beside its result."""
+    timelines = {(p.parent.name, p.name): p / "timeline.json" for p in paths if (p / "timeline.json").is_file()}
+    out = []
+    for r in rows:
+        path = timelines.get((r["job"], r["name"]))
+        if r["status"] == "ok" and path is not None:
+            out.append({"job": r["job"], "config": r["name"], "ms": kernel_breakdown(json.loads(path.read_text()))})
+    return out
+
+
+def kernel_gap(kernels: list[dict], verdict: dict | None) -> dict | None:
+    """Ours against PyTorch's parts, family by family, in the verdict's job."""
+    if not verdict or "base_s" not in verdict:
+        return None
+    by = {(k["job"], k["config"]): k["ms"] for k in kernels}
+    ours, base = by.get((verdict["job"], verdict["config"])), by.get((verdict["job"], "pytorch_parts"))
+    if ours is None or base is None:
+        return None
+    families = sorted(set(ours) | set(base))
+    return {f: {"ours_ms": ours.get(f, 0.0), "base_ms": base.get(f, 0.0),
+                "diff_ms": ours.get(f, 0.0) - base.get(f, 0.0)} for f in families}
+
+
+def kernels_table(kernels: list[dict], out: Path) -> str:
+    """Each profiled config's seconds per kernel family, leaving out the families no step ran."""
+    present = [c for c in FAMILY_COLUMNS if any(k["ms"].get(c) for k in kernels)]
+    return save_table(pd.DataFrame(
+        [{"job": k["job"], "config": k["config"]}
+         | {f"{SHORT.get(c, c)} (s)": k["ms"].get(c, 0.0) / 1e3 for c in present} for k in kernels]),
+        out, "kernels", digits=3)
+
+
+def kernel_gap_table(gap: dict, out: Path) -> str:
+    """Ours against PyTorch's parts per kernel family, the largest difference first."""
+    return save_table(pd.DataFrame(
+        [{"kernel family": f, "ours (s)": k["ours_ms"] / 1e3, "PyTorch's parts (s)": k["base_ms"] / 1e3,
+          "difference (s)": k["diff_ms"] / 1e3}
+         for f, k in sorted(gap.items(), key=lambda fk: -abs(fk[1]["diff_ms"]))
+         if f in FAMILY_COLUMNS and (k["ours_ms"] or k["base_ms"])]), out, "kernel_gap", digits=3)

@@ -1,0 +1,147 @@
+"""Section: sharding — optimizer state sharding (problems optimizer_state_sharding and its accounting)
+and FSDP (fsdp, fsdp_accounting): memory by what holds it, against the accounting package's
+predictions; step times against ZeroRedundancyOptimizer and FSDP2; the gather timeline of one FSDP
+step; the grid's machine time.
+
+Inputs: `sharding_memory`, `fsdp_step` and `fsdp_trace` result files, the folder rendered beside each
+`fsdp_trace` result (its `timeline.json`, `cs336sys.profiling.timeline.summarize_timeline`) and each
+job's Snakemake timing record (`benchmarks/<experiment>/<job>.tsv`).
+
+Every prediction is a formula of `cs336sys.accounting` evaluated here: `memory.parameter_bytes`,
+`gradient_bytes`, `optimizer_state_bytes` and `model_activation_bytes` by strategy (unsharded = "ddp",
+ours and ZeroRedundancyOptimizer = "zero1", FSDP = "fsdp"), `questions.fsdp_savings` for the saving FSDP
+should bring, `communication.step_transfers` for the bytes a step sends. Bytes print in GiB, as in
+the accounting section, or in MiB where every model is smaller than a GiB (the smoke grid's).
+On the CPU the allocator's readings are null: tables leave out the columns that hold no value, and the
+template says what is missing.
+
+The section's parts: `shared` (variants, targets, units, cells), `optimizer` (sharding_memory),
+`fsdp` (fsdp_step), `timeline` (fsdp_trace); this module builds the section's context from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import sympy as sp
+
+from cs336sys.accounting import communication as comm
+from cs336sys.accounting import memory, questions
+from cs336sys.accounting.symbols import N, P
+from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame
+from cs336sys.analysis.sharding.fsdp import fsdp_proxy, fsdp_size, is_proxy
+from cs336sys.analysis.sharding.optimizer import optimizer_size
+from cs336sys.analysis.sharding.shared import STRATEGY, TARGETS, by_size, predict, steady_state_peak, unit_of_bytes
+from cs336sys.analysis.sharding.timeline import forward_gathers_verdict, gather_exposure, trace
+from cs336sys.registry import EXPERIMENTS
+
+__all__ = ["STRATEGY", "build", "forward_gathers_verdict", "gather_exposure", "predict", "steady_state_peak"]
+
+EXPERIMENT_NAMES = ("sharding_memory", "fsdp_step", "fsdp_trace")
+
+
+def build(paths: list[Path], out: Path, **_: object) -> dict:
+    """The section's context: environment, formulas, machine time, and where results exist the optimizer
+    sharding and FSDP parts per size, the single-rank proxy, the trace, the targets and their summary."""
+    frame = results_frame(paths)
+    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}, "target_values": TARGETS,
+                 "formulas": _formulas()}
+    walls = _machine_time(paths, frame)
+    if walls:
+        ctx["machine_time"] = walls
+    if frame.empty:
+        return ctx
+    targets: list[dict] = []
+    u = ctx["unit"] = unit_of_bytes(frame)
+    shard = frame[frame.problem == "sharding_memory"]
+    if not shard.empty:
+        ctx["opt"] = [optimizer_size(size, g, out, targets, u) for size, g in by_size(shard)]
+    fsdp = frame[frame.problem == "fsdp_step"]
+    proxy = fsdp[is_proxy(fsdp)]
+    fsdp = fsdp.drop(index=proxy.index)
+    if not fsdp.empty:
+        ctx["fsdp"] = [fsdp_size(size, g, shard, out, targets, u) for size, g in by_size(fsdp)]
+        ctx["fsdp_allocator"] = any(f["allocator"] for f in ctx["fsdp"])
+    if not proxy.empty:
+        ctx["fsdp_proxy"] = fsdp_proxy(proxy, out)
+    timeline = trace(frame[frame.problem == "fsdp_trace"], paths, out)
+    if timeline:
+        ctx["trace"] = timeline
+    ctx["targets"] = targets
+    ctx["summary"] = [_summary_row(t) for t in targets
+                      if t["target"] in ("sharded_vs_zero", "fsdp_vs_fsdp2_bf16") and t["value"] is not None]
+    return ctx
+
+
+def _summary_row(t: dict) -> dict:
+    """A step-time target's row in the report's summary, with why ours missed FSDP2's where it did."""
+    return {"part": ("Sharded optimizer against ZeroRedundancyOptimizer" if t["target"] == "sharded_vs_zero"
+                     else "Our FSDP against FSDP2, bf16 compute") + f", {t['size']}",
+            "result": f"{t['value']:.3f}× its step time", "target": f"≤ {t['limit']:.2f}×", "met": t["ok"],
+            "ref": "shard-targets",
+            "why": None if t["ok"] else ("it gathers layer by layer from Python hooks, FSDP2 a whole block at once"
+                                         if t["target"] != "sharded_vs_zero" and "block" not in t["what"] else None)}
+
+
+# In the prose's formulas: P parameters in all, of which S in the matrices FSDP shards (the blocks',
+# the embedding's and the LM head's) and R in the RMSNorm gains it keeps whole. Plain letters and
+# folded fractions, which print at the body's size (subscripts and stacked fractions print smaller).
+S_SHARDED, R_REPLICATED = sp.symbols("S R", positive=True)
+
+
+def _inline(expr, split: bool = False) -> str:
+    """LaTeX of an accounting formula in P (`split`: in S and R), for inline math."""
+    expr = sp.sympify(expr)
+    if split:
+        expr = expr.subs({memory.P_BLOCK: S_SHARDED - memory.P_EMBED, memory.P_NORM: R_REPLICATED})
+    else:
+        expr = expr.subs(memory.P_BLOCK, P - memory.P_EMBED - memory.P_NORM)
+    return sp.latex(sp.factor(sp.simplify(expr)), mul_symbol=None, fold_short_frac=True)
+
+
+def _formulas() -> dict:
+    """The accounting's per-GPU formulas, for the prose: model state by strategy (fp32 parameters,
+    gradients and AdamW's two moments), each term of it, and the bytes one rank sends per step (fp32
+    gradients and parameters)."""
+    savings = questions.fsdp_savings()
+    out = {k: _inline(savings[k], split=True) for k in ("ddp", "zero1", "fsdp", "saved_vs_ddp")}
+    for strategy in ("ddp", "zero1"):
+        out[f"{strategy}_total"] = _inline(memory.model_state_bytes(strategy))
+        out[f"{strategy}_state"] = _inline(memory.optimizer_state_bytes(strategy))
+    out["params"] = _inline(memory.parameter_bytes("ddp"))
+    out["state_saving"] = _inline(memory.optimizer_state_bytes("ddp") - memory.optimizer_state_bytes("zero1"))
+    model = P * 4
+    sent = {"ddp": comm.step_transfers("ddp", grad_bytes=4),
+            "ours": comm.step_transfers("zero1", grad_bytes=4, param_bytes=4),
+            "zero_paper": [comm.Transfer("gradients", "reduce_scatter", model, N),
+                           comm.Transfer("updated parameters", "all_gather", model, N)]}
+    for name, transfers in sent.items():
+        out[f"sent_{name}"] = _inline(sum(t.bytes_sent() for t in transfers))
+    return out
+
+
+def _machine_time(paths: list[Path], frame: pd.DataFrame) -> dict | None:
+    """Wall seconds of each job (Snakemake's benchmark record) by experiment, and device-seconds:
+    wall time times the ranks of the job (its GPUs on the main grid)."""
+    records = [p for p in paths if p.suffix == ".tsv"]
+    if not records:
+        return None
+    ranks = {}
+    if not frame.empty and "env.world_size" in frame:  # the process group's size, recorded by every rank's result
+        for name, g in frame.groupby("problem"):
+            if g["env.world_size"].notna().any():
+                ranks[name] = int(g["env.world_size"].max())
+    experiments: dict[str, dict] = {}
+    for p in records:
+        name = p.parent.name if p.parent.name in EXPERIMENTS else p.stem
+        e = experiments.setdefault(name, {"jobs": 0, "wall_s": 0.0, "ranks": ranks.get(name, 1)})
+        e["jobs"] += 1
+        e["wall_s"] += read_benchmark_tsv(p)
+    for e in experiments.values():
+        e["device_s"] = e["wall_s"] * e["ranks"]
+    order = {n: i for i, n in enumerate(EXPERIMENT_NAMES)}
+    experiments = dict(sorted(experiments.items(), key=lambda kv: order.get(kv[0], len(order))))
+    return {"experiments": experiments, "jobs": sum(e["jobs"] for e in experiments.values()),
+            "wall_s": sum(e["wall_s"] for e in experiments.values()),
+            "device_s": sum(e["device_s"] for e in experiments.values())}

@@ -1,0 +1,241 @@
+"""FSDP (problems fsdp and fsdp_accounting): per size and compute dtype, ours (per layer, and with
+other units where they ran) against FSDP2 in time and memory, the accounting's parameters and
+optimizer state next to the measured, and the expected and measured saving of the peak; the
+single-rank proxy points."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.accounting import memory, questions
+from cs336sys.accounting.compute import model_values
+from cs336sys.accounting.symbols import evaluate
+from cs336sys.analysis.sharding.shared import (
+    DTYPE_BYTES,
+    FSDP_LABEL,
+    TARGETS,
+    cell,
+    in_unit,
+    number,
+    predict,
+    steady_state_peak,
+    table,
+    target,
+    world_size,
+)
+from cs336sys.analysis.verdicts import at_most, slower, within_tolerance
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The accounting's bytes per rank for FSDP at one size and world: sharded parameters, sharded
+    optimizer state, and the model state FSDP saves against DDP."""
+
+    params: float
+    state: float
+    state_saving: float
+
+
+def _baseline(size: str, shard: pd.DataFrame, batch: int | None, context: int | None, u: dict) -> dict:
+    """The unsharded peak FSDP's saving is measured against: the `unsharded` sharding_memory point of the
+    same size and batch shape where it has allocator readings (the highest of its three peaks), else the
+    accounting's prediction (DDP's fp32 model state plus fp32 saved activations)."""
+    if not shard.empty:
+        same = shard[(shard["size"] == size) & (shard["variant"] == "unsharded") & (shard.status == "ok")]
+        if batch is not None and "batch_size" in same:
+            same = same[(same["batch_size"] == batch) & (same["context_length"] == context)]
+        for _, r in same.iterrows():
+            steady = steady_state_peak({"before step": number(r.get("before_step_peak_bytes")),
+                                        "after step": number(r.get("after_step_peak_bytes"))},
+                                       number(r.get("optimizer_state_bytes")))
+            if steady is not None:
+                return {"source": "measured", "peak": steady / u["bytes"]}
+    if batch is None or context is None:
+        return {"source": "none", "peak": None}
+    state = predict(memory.model_state_bytes("ddp"), size, 1)
+    acts = evaluate(memory.model_activation_bytes(4), model_values(size, batch, context))
+    return {"source": "predicted", "peak": (state + acts) / u["bytes"], "model_state": state / u["bytes"],
+            "activations": acts / u["bytes"]}
+
+
+def is_proxy(df: pd.DataFrame) -> pd.Series:
+    """The single-rank proxy points (results from before the setting existed are not)."""
+    if "single_rank_proxy" not in df:
+        return pd.Series(False, index=df.index)
+    return df["single_rank_proxy"].eq(True)
+
+
+def _unit_of(r: pd.Series) -> str:
+    """A point's FSDP unit: "layer" (also for results from before the setting existed), "block" or k."""
+    unit = r.get("unit")
+    return "layer" if unit is None or (isinstance(unit, float) and pd.isna(unit)) else str(unit)
+
+
+def _fsdp_variant(r: pd.Series) -> str:
+    """The variant a point stands for in the tables: ours per layer is "ours", ours per block "ours-block"."""
+    unit = _unit_of(r)
+    return r["variant"] if r["variant"] != "ours" or unit == "layer" else f"ours-{unit}"
+
+
+def _unit_phrase(v: str) -> str:
+    """How the prose names the unit of an "ours-<unit>" variant."""
+    unit = v.removeprefix("ours-")
+    return "block units" if unit == "block" else f"{unit} blocks per unit"
+
+
+def _fsdp_label(v: str) -> str:
+    """A variant's name in the tables."""
+    return FSDP_LABEL[v] if v in FSDP_LABEL else f"ours, {_unit_phrase(v)}"
+
+
+def _variant_order(v: str) -> tuple:
+    """Ours per layer first, ours with other units next, FSDP2 last."""
+    return (v == "fsdp2", v != "ours", v)
+
+
+def fsdp_proxy(g: pd.DataFrame, out: Path) -> dict:
+    """Our FSDP on one rank, per size, compute dtype and unit: the step time with nothing communicated."""
+    rows = []
+    for _, r in g.sort_values(["size", "compute_dtype"]).iterrows():
+        ok = r["status"] == "ok"
+        units = number(r.get("fsdp_units"))
+        rows.append({"size": r["size"], "compute": r["compute_dtype"], "unit": _unit_of(r),
+                     "all-gathers per forward": "" if units is None else f"{int(units)}",
+                     "step (ms)": cell(number(r.get("mean_ms")), 2) if ok else r["status"],
+                     "std (ms)": cell(number(r.get("std_ms")), 2) if ok else ""})
+    return {"table": table(rows, out, "fsdp_single_rank_proxy"), "sizes": sorted(set(g["size"]))}
+
+
+def fsdp_size(size: str, g: pd.DataFrame, shard: pd.DataFrame, out: Path, targets: list[dict], u: dict) -> dict:
+    """One size's fsdp_step job(s): per compute dtype, ours (per layer, and with other units where they
+    ran) against FSDP2 (time, memory), the accounting's parameters and optimizer state next to the
+    measured, expected and measured saving of the peak."""
+    g = g.assign(variant=[_fsdp_variant(r) for _, r in g.iterrows()])
+    world = world_size(g)
+    batch = int(g["batch_size"].iloc[0]) if "batch_size" in g else None
+    context = int(g["context_length"].iloc[0]) if "context_length" in g else None
+    info: dict = {"size": size, "world": world, "batch_size": batch, "context_length": context, "tables": {},
+                  "dtypes": {}, "baseline": _baseline(size, shard, batch, context, u), "measured_savings": []}
+    if "parameters" in g and g["parameters"].notna().any():
+        info["parameters"] = int(g["parameters"].dropna().iloc[0])
+    pred = Predicted(params=predict(memory.parameter_bytes("fsdp"), size, world),
+                     state=predict(memory.optimizer_state_bytes("fsdp"), size, world),
+                     state_saving=predict(questions.fsdp_savings()["saved_vs_ddp"], size, world))
+    info["predicted"] = {"params": pred.params / u["bytes"], "state": pred.state / u["bytes"],
+                         "model_state_saving": pred.state_saving / u["bytes"],
+                         "model_state": predict(memory.model_state_bytes("fsdp"), size, world) / u["bytes"],
+                         "unsharded_model_state": predict(memory.model_state_bytes("ddp"), size, world) / u["bytes"]}
+    time_rows, saving_rows = [], []
+    for dtype in sorted(g["compute_dtype"].unique(), key=lambda d: (d != "fp32", d)):
+        per = _dtype_entry(size, g[g["compute_dtype"] == dtype], dtype, info, pred, u)
+        rows = _dtype_rows(per, dtype, pred, u)
+        time_rows += rows[0]
+        saving_rows += rows[1]
+        if dtype == "bf16":
+            targets.append(_bf16_target(size, per))
+        info["dtypes"][dtype] = per
+        info["measured_savings"] += [{"variant": _fsdp_label(v), "dtype": dtype, "peak": e["peak"],
+                                      "saving": e["saving"], "share": e["saving_over_expected"]}
+                                     for v, e in per["variants"].items() if e.get("saving") is not None]
+    _judge(info)
+    slug = re.sub(r"\W", "_", size)
+    info["allocator"] = any(e.get("peak") is not None for p in info["dtypes"].values() for e in p["variants"].values())
+    if time_rows:
+        info["tables"]["time_memory"] = table(time_rows, out, f"fsdp_step_{slug}")
+    if saving_rows:
+        info["tables"]["savings"] = table(saving_rows, out, f"fsdp_savings_{slug}")
+    return info
+
+
+def _dtype_entry(size: str, d: pd.DataFrame, dtype: str, info: dict, pred: Predicted, u: dict) -> dict:
+    """One compute dtype's variants: step time, memory, measured saving against the expected (the model
+    state FSDP saves plus the activations a narrower dtype saves), ours ÷ FSDP2 per unit."""
+    batch, context, base = info["batch_size"], info["context_length"], info["baseline"]["peak"]
+    act_saving = 0
+    if batch is not None and context is not None and dtype in DTYPE_BYTES:
+        shape = model_values(size, batch, context)
+        act_saving = (evaluate(memory.model_activation_bytes(4), shape)
+                      - evaluate(memory.model_activation_bytes(DTYPE_BYTES[dtype]), shape))
+    expected = (pred.state_saving + act_saving) / u["bytes"]
+    per: dict = {"expected_saving": expected, "activation_saving": act_saving / u["bytes"],
+                 "activations_save": bool(act_saving > 0), "variants": {}}
+    for v in sorted(d["variant"].unique(), key=_variant_order):
+        r = d[d["variant"] == v].iloc[0]
+        if r["status"] != "ok":
+            per["variants"][v] = {"status": r["status"]}
+            continue
+        e = {"status": "ok", "mean_ms": number(r.get("mean_ms")), "std_ms": number(r.get("std_ms")),
+             "after_init": in_unit(r.get("after_init_allocated_bytes"), u), "peak": in_unit(r.get("peak_bytes"), u),
+             "params": in_unit(r.get("sharded_param_bytes"), u), "state": in_unit(r.get("optimizer_state_bytes"), u)}
+        e["saving"] = base - e["peak"] if base is not None and e["peak"] is not None else None
+        e["tensors_over_pred"] = [x / y for x, y in ((e["params"], pred.params / u["bytes"]),
+                                                     (e["state"], pred.state / u["bytes"])) if x is not None and y]
+        e["saving_over_expected"] = e["saving"] / expected if e["saving"] is not None and expected else None
+        per["variants"][v] = e
+    ours, theirs = per["variants"].get("ours", {}), per["variants"].get("fsdp2", {})
+    per["ours_vs_fsdp2"] = (ours["mean_ms"] / theirs["mean_ms"] if ours.get("mean_ms") is not None
+                            and theirs.get("mean_ms") else None)
+    per["units_vs_fsdp2"] = {_unit_phrase(v): e["mean_ms"] / theirs["mean_ms"] for v, e in per["variants"].items()
+                             if v.startswith("ours-") and e.get("mean_ms") is not None and theirs.get("mean_ms")}
+    return per
+
+
+def _dtype_rows(per: dict, dtype: str, pred: Predicted, u: dict) -> tuple[list[dict], list[dict]]:
+    """One compute dtype's rows of the time-and-memory table and of the savings table."""
+    unit, theirs = u["name"], per["variants"].get("fsdp2", {})
+    time_rows, saving_rows = [], []
+    for v, e in per["variants"].items():
+        label = _fsdp_label(v)
+        v_ratio = (e["mean_ms"] / theirs["mean_ms"] if v.startswith("ours") and e.get("mean_ms") is not None
+                   and theirs.get("mean_ms") else None)
+        if e["status"] != "ok":
+            time_rows.append({"compute": dtype, "variant": label, "step (ms)": e["status"]})
+            continue
+        time_rows.append({"compute": dtype, "variant": label,
+                          "step (ms)": cell(e["mean_ms"], 2), "std (ms)": cell(e["std_ms"], 2),
+                          "ours ÷ FSDP2": cell(v_ratio, 3) if v.startswith("ours") else "",
+                          f"after init ({unit})": cell(e["after_init"]), f"peak ({unit})": cell(e["peak"]),
+                          f"params ({unit})": cell(e["params"]), f"opt. state ({unit})": cell(e["state"])})
+        saving_rows.append({"compute": dtype, "variant": label,
+                            f"params pred. ({unit})": cell(pred.params / u["bytes"]),
+                            f"params ({unit})": cell(e["params"]),
+                            f"state pred. ({unit})": cell(pred.state / u["bytes"]),
+                            f"state ({unit})": cell(e["state"]),
+                            f"saving exp. ({unit})": cell(per["expected_saving"]),
+                            f"saving ({unit})": cell(e["saving"])})
+    return time_rows, saving_rows
+
+
+def _bf16_target(size: str, per: dict) -> dict:
+    """The bf16 target, judged on our best unit (per layer where no other ran)."""
+    limit = TARGETS["fsdp_vs_fsdp2_bf16"]
+    best, what = per["ours_vs_fsdp2"], "step time at bf16 compute, ours ÷ FSDP2"
+    for phrase, r in per["units_vs_fsdp2"].items():
+        if best is None or r < best:
+            best, what = r, f"step time at bf16 compute, ours with {phrase} ÷ FSDP2"
+    return target("fsdp_vs_fsdp2_bf16", size, what, best, limit, at_most(best, limit))
+
+
+def _judge(info: dict) -> None:
+    """The size's verdicts: whether a saving fell short of the expected, what sits above the model state
+    at each peak, whether the tensors match the accounting, whether ours is slower than FSDP2."""
+    info["short_of_expected"] = any(s["share"] is not None and s["share"] < 1 for s in info["measured_savings"])
+    # Where a peak sits above the model state the run holds (parameters, gradients, optimizer state, as
+    # predicted: the tables show the prediction matches the tensors): the memory alive at the peak's moment
+    # besides the model state. Unsharded, the peak comes when every gradient exists and the backward has
+    # freed the saved activations; sharded, at the end of the forward, with the activations alive.
+    if info["baseline"]["source"] == "measured":
+        info["baseline"]["above_state"] = info["baseline"]["peak"] - info["predicted"]["unsharded_model_state"]
+        for saving in info["measured_savings"]:
+            if saving["peak"] is not None:
+                saving["above_state"] = saving["peak"] - info["predicted"]["model_state"]
+    ratios = [r for p in info["dtypes"].values() for e in p["variants"].values()
+              for r in e.get("tensors_over_pred", [])]
+    info["worst_tensor_ratio"] = max(ratios, key=lambda r: abs(r - 1)) if ratios else None
+    tol = TARGETS["model_state_tolerance"]
+    info["tensors_match"] = bool(ratios) and within_tolerance(info["worst_tensor_ratio"], tol)
+    info["ours_slower"] = any(slower(p["ours_vs_fsdp2"]) for p in info["dtypes"].values())
