@@ -187,7 +187,7 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["best"]["2.7B"]["fastest_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
     # verdicts decided here, not in the template: 133.0 / 93.57 = 1.42, outside the 2.7B's 1.2x
     assert ctx["best"]["2.7B"]["target"] == 1.2 and ctx["best"]["2.7B"]["met"] is False
-    assert ctx["slower"] == {"The CUDA graph": ["2.7B"]}
+    assert ctx["slower"] == {"the CUDA graph": ["2.7B"]}
     assert ctx["spread_ms"] == {"eager": 8.0, "graph": 0.2}
     [row] = summary_rows(ctx)
     assert row["met"] is False and row["result"].startswith("1.42× its roofline (133.0 ms, from 190.0 ms plain)")

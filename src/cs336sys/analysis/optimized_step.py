@@ -21,9 +21,9 @@ from cs336sys.analysis.common import figure, save_figure, save_table, size_key
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
           "fused_elementwise": "+ fused RMSNorm/SwiGLU/RoPE", "flash": "+ our FlashAttention-2",
           "bf16_weights": "+ bf16 weights kept across steps", "cuda_graph": "+ CUDA graph (forward+backward)"}
-PROSE = {"fused_adamw": "The fused AdamW", "cuda_graph": "The CUDA graph", "flash": "Our FlashAttention-2",
-         "bf16_weights": "Keeping bf16 weights",
-         "fused_elementwise": "The fused RMSNorm/SwiGLU/RoPE kernels (eager blocks)"}
+PROSE = {"fused_adamw": "the fused AdamW", "cuda_graph": "the CUDA graph", "flash": "our FlashAttention-2",
+         "bf16_weights": "keeping bf16 weights",
+         "fused_elementwise": "the fused RMSNorm/SwiGLU/RoPE kernels (eager blocks)"}
 # The step's target against its roofline: the "2.7B" within 1.2x, every other size that fits within 1.3x.
 TARGET_X_ROOFLINE = {"2.7B": 1.2}
 DEFAULT_TARGET_X_ROOFLINE = 1.3
@@ -84,7 +84,9 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
            "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values())}
     ok = data[data.status == "ok"]
     if not ok.empty:
-        ctx["figure"] = _waterfall(ok, out)
+        ctx["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
+        largest = ok["size"].iloc[-1]
+        ctx["figure"], ctx["figure_size"] = _waterfall(ok[ok["size"] == largest], out), largest
         best = {}
         for size, g in ok.groupby("size", sort=False):
             fastest = g.loc[g.step_ms.idxmin()]
@@ -100,6 +102,23 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
             ctx["spread_ms"] = {"eager": float(ok[~ok.graphed].std_ms.max()),
                                 "graph": float(ok[ok.graphed].std_ms.max())}
     return {"optimized": ctx}
+
+
+SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA graph", "flash": "flash",
+         "bf16_weights": "bf16 weights", "fused_elementwise": "fused elementwise"}
+
+
+def _compact(ok: pd.DataFrame) -> pd.DataFrame:
+    """One row per size: the step (ms) after each technique in the series' order, the roofline, and the
+    fastest step over the roofline."""
+    rows = []
+    for size, g in ok.groupby("size", sort=False):
+        row = {"size": size, **{f"{SHORT.get(c, c)} (ms)": t for c, t in zip(g.configuration, g.step_ms, strict=True)}}
+        roof = g.roofline_ms.dropna()
+        row["roofline (ms)"] = float(roof.iloc[0]) if not roof.empty else None
+        row["fastest × roofline"] = f"{g.step_ms.min() / row['roofline (ms)']:.2f}" if row["roofline (ms)"] else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _slower_than_before(ok: pd.DataFrame) -> dict[str, list[str]]:
