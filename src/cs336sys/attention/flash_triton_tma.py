@@ -98,7 +98,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 @triton.jit
 def _fold(acc, row_sum, row_max, scores, v, qk_scale, DOT: tl.constexpr):
-    """One online-softmax step: fold a tile of masked scores and its values into the state."""
+    """One online-softmax step: fold a tile of unmasked scores and its values into the state."""
     p, correction, row_sum, row_max = online_softmax(row_sum, row_max, scores, qk_scale)
     acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
     return acc, row_sum, row_max
