@@ -16,7 +16,9 @@ Causal tile skipping as in the forward: tiles wholly above the diagonal are neve
 only tiles that cross it compare indices.
 
 All tensors are contiguous (..., seq, d): row stride d, head stride seq * d, with batch and heads
-flattened into one grid axis.
+flattened into one grid axis. The step of each inner loop (`dq_step`, `dkdv_step`), the loads of L
+and the store of D, and the launch's scales are shared with the descriptor kernels of
+`flash_triton_tma`.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ import triton
 import triton.language as tl
 
 from cs336sys.attention.flash_configs import BackwardConfig
-from cs336sys.attention.flash_triton_forward import LOG2E
+from cs336sys.attention.flash_triton_forward import LOG2E, tile_offsets
 
 
 @triton.jit
 def backward_delta_kernel(O, DO, DELTA, seq_q, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    offs = tile_offsets(bh, seq_q, rows, HEAD_DIM)
     mask = rows[:, None] < seq_q
     o = tl.load(O + offs, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + offs, mask=mask, other=0.0).to(tl.float32)
@@ -43,10 +45,56 @@ def backward_delta_kernel(O, DO, DELTA, seq_q, HEAD_DIM: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
+def store_delta(DELTA, o, do, bh, rows, seq_q):
+    """D = rowsum(O * dO) of a query tile's rows, stored for the dK/dV programs."""
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh * seq_q + rows, delta, mask=rows < seq_q)
+    return delta
+
+
+@triton.jit
+def load_lse2(LSE, bh, rows, seq_q, MASKED: tl.constexpr):
+    """The forward's natural-log L of a query tile's rows, in base 2; with MASKED, +inf for rows at
+    or past `seq_q`, which makes their P exactly zero."""
+    if MASKED:
+        lse = tl.load(LSE + bh * seq_q + rows, mask=rows < seq_q, other=float("inf"))
+    else:
+        lse = tl.load(LSE + bh * seq_q + rows)
+    return lse * 1.4426950408889634
+
+
+@triton.jit
+def dkdv_step(dk, dv, k, v, q, do, lse2, delta, rows, cols, qk_scale, CAUSAL_MASK: tl.constexpr, DOT: tl.constexpr):
+    """Accumulate one key tile's dK, dV over one query tile, in transposed tiles: P^T is (keys, queries)."""
+    p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT) * qk_scale - lse2[None, :])
+    if CAUSAL_MASK:
+        p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
+    dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT)
+    ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=DOT) - delta[None, :])
+    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT)
+    return dk, dv
+
+
+@triton.jit
+def dq_step(dq, q, do, k, v, lse2, delta, rows, n0, offs_n, seq_k, qk_scale, CAUSAL_MASK: tl.constexpr,
+            KEY_MASK: tl.constexpr, DOT: tl.constexpr):
+    """Accumulate one query tile's dQ (unscaled) over the key tile at n0; with KEY_MASK, keys at or
+    past `seq_k` get P = 0."""
+    p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale - lse2[:, None])
+    cols = n0 + offs_n
+    if CAUSAL_MASK:
+        p = tl.where(rows[:, None] >= cols[None, :], p, 0.0)
+    if KEY_MASK:
+        p = tl.where(cols[None, :] < seq_k, p, 0.0)
+    ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT) - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT)
+
+
+@triton.jit
 def _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, cols, m_start, m_end,
                            seq_q, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                            CAUSAL_MASK: tl.constexpr, ROW_MASK: tl.constexpr, DOT: tl.constexpr):
-    """Accumulate one key tile's dK, dV over query tiles [m_start, m_end), in transposed tiles."""
+    """Accumulate one key tile's dK, dV over query tiles [m_start, m_end)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     for m0 in range(m_start, m_end, BLOCK_M):
@@ -63,13 +111,7 @@ def _dkdv_over_query_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, 
             do = tl.load(do_base + offs)
             lse2 = tl.load(lse_base + rows) * 1.4426950408889634
             delta = tl.load(delta_base + rows)
-        # P^T: (keys, queries)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT) * qk_scale - lse2[None, :])
-        if CAUSAL_MASK:
-            p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT)
-        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=DOT) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT)
+        dk, dv = dkdv_step(dk, dv, k, v, q, do, lse2, delta, rows, cols, qk_scale, CAUSAL_MASK, DOT)
     return dk, dv
 
 
@@ -79,7 +121,7 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid_n, seq_q, seq_k, qk_s
                   IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, DOT: tl.constexpr):
     n0 = pid_n * BLOCK_N
     cols = n0 + tl.arange(0, BLOCK_N)
-    kv_offs = bh * seq_k * HEAD_DIM + cols[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    kv_offs = tile_offsets(bh, seq_k, cols, HEAD_DIM)
     if EVEN_N:
         k = tl.load(K + kv_offs)
         v = tl.load(V + kv_offs)
@@ -116,7 +158,8 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, bh, pid_n, seq_q, seq_k, qk_s
 def _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, n_start, n_end, seq_k, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
                        KEY_MASK: tl.constexpr, DOT: tl.constexpr):
-    """Accumulate one query tile's dQ (unscaled) over key tiles [n_start, n_end)."""
+    """Accumulate one query tile's dQ (unscaled) over key tiles [n_start, n_end). Keys past the end
+    load as zeros, so they add nothing (dS K with K = 0): no mask on P."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(n_start, n_end, BLOCK_N):
@@ -128,11 +171,7 @@ def _dq_over_key_tiles(dq, q, do, lse2, delta, k_base, v_base, rows, n_start, n_
         else:
             k = tl.load(k_base + offs)
             v = tl.load(v_base + offs)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale - lse2[:, None])
-        if CAUSAL_MASK:
-            p = tl.where(rows[:, None] >= cols[None, :], p, 0.0)
-        ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT)
+        dq = dq_step(dq, q, do, k, v, lse2, delta, rows, n0, offs_n, seq_k, qk_scale, CAUSAL_MASK, False, DOT)
     return dq
 
 
@@ -143,19 +182,16 @@ def _dq_program(Q, K, V, O, DO, LSE, DELTA, DQ, bh, pid_m, seq_q, seq_k, qk_scal
                 DELTA_FROM_O: tl.constexpr, DOT: tl.constexpr):
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    q_offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    q_offs = tile_offsets(bh, seq_q, rows, HEAD_DIM)
     if EVEN_M:
         q = tl.load(Q + q_offs)
         do = tl.load(DO + q_offs)
-        lse2 = tl.load(LSE + bh * seq_q + rows) * 1.4426950408889634
     else:
         q = tl.load(Q + q_offs, mask=rows[:, None] < seq_q, other=0.0)
         do = tl.load(DO + q_offs, mask=rows[:, None] < seq_q, other=0.0)
-        lse2 = tl.load(LSE + bh * seq_q + rows, mask=rows < seq_q, other=float("inf")) * 1.4426950408889634
+    lse2 = load_lse2(LSE, bh, rows, seq_q, not EVEN_M)
     if DELTA_FROM_O:  # D = rowsum(O * dO) here, stored for the dK/dV programs launched next
-        o = tl.load(O + q_offs, mask=rows[:, None] < seq_q, other=0.0)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        tl.store(DELTA + bh * seq_q + rows, delta, mask=rows < seq_q)
+        delta = store_delta(DELTA, tl.load(O + q_offs, mask=rows[:, None] < seq_q, other=0.0), do, bh, rows, seq_q)
     else:
         delta = tl.load(DELTA + bh * seq_q + rows, mask=rows < seq_q, other=0.0)
     k_base = K + bh * seq_k * HEAD_DIM
@@ -217,6 +253,12 @@ def backward_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, seq_q, seq_k, qk_sca
                         HEAD_DIM, BLOCK_M_Q, BLOCK_N_Q, IS_CAUSAL, EVEN_M_Q, EVEN_N_Q, False, DOT)
 
 
+def backward_scales(d: int) -> tuple[float, float]:
+    """(qk_scale, sm_scale): the scores' scale in base 2 (exponentials are exp2) and 1/sqrt(d)."""
+    sm_scale = 1.0 / math.sqrt(d)
+    return sm_scale * LOG2E, sm_scale
+
+
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, grad_out: torch.Tensor, is_causal: bool,
                    config: BackwardConfig, precision: str = "tf32") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -230,8 +272,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     batch_heads = math.prod(lead)
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    sm_scale = 1.0 / math.sqrt(d)
-    args = (q, k, v, out, grad_out, lse, delta, dq, dk, dv, seq_q, seq_k, sm_scale * LOG2E, sm_scale)
+    args = (q, k, v, out, grad_out, lse, delta, dq, dk, dv, seq_q, seq_k, *backward_scales(d))
     n_kv, n_q = triton.cdiv(seq_k, c.block_n_kv), triton.cdiv(seq_q, c.block_m_q)
     if c.fused:  # both kinds run at once, so D comes first, from its own kernel
         backward_delta_kernel[(triton.cdiv(seq_q, 64), batch_heads)](out, grad_out, delta, seq_q, HEAD_DIM=d,

@@ -8,7 +8,10 @@ Q and dO in the dK/dV programs) is read through a host-built `TensorDescriptor`.
 descriptor load is a TMA copy: the address arithmetic and bounds checks leave the loop, the copy
 runs asynchronously into shared memory, and the compiler can hand the loads to a producer warp
 (`tl.range(..., warp_specialize=True)`, Triton's automatic warp specialisation, which on sm_90
-only splits loops whose loads are descriptor loads).
+only splits loops whose loads are descriptor loads). The rest is the pointer kernels' own
+helpers where it is the same code: the forward's query tile, score masks, online-softmax step and
+output, the backward's tile offsets, loads of L, store of D and the step of each inner loop, and
+the launches' buffers and scales.
 
 Descriptors are 2-D over the flattened (batch * heads * seq, d) tensor. A tile that runs past the
 end of one head's sequence reads the next head's first rows (or zeros past the end of the
@@ -30,7 +33,24 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from cs336sys.attention.flash_triton_forward import LOG2E
+from cs336sys.attention.flash_triton_backward import (
+    backward_scales,
+    dkdv_step,
+    dq_step,
+    load_lse2,
+    store_delta,
+)
+from cs336sys.attention.flash_triton_forward import (
+    forward_buffers,
+    mask_scores,
+    online_softmax,
+    query_tile,
+    softmax_finish,
+    softmax_scale,
+    softmax_start,
+    store_rows,
+    tile_offsets,
+)
 
 # The compiled kernel of each kind's last launch, for inspecting its TTGIR/PTX
 # (tools/flash_hopper_probe.py reads what the compiler did with warp specialisation and TMA).
@@ -79,12 +99,9 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 @triton.jit
 def _fold(acc, row_sum, row_max, scores, v, qk_scale, DOT: tl.constexpr):
     """One online-softmax step: fold a tile of unmasked scores and its values into the state."""
-    new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
-    p = tl.math.exp2(scores * qk_scale - new_max[:, None])
-    correction = tl.math.exp2(row_max - new_max)
-    row_sum = row_sum * correction + tl.sum(p, 1)
+    p, correction, row_sum, row_max = online_softmax(row_sum, row_max, scores, qk_scale)
     acc = tl.dot(p.to(v.dtype), v, acc * correction[:, None], input_precision=DOT)
-    return acc, row_sum, new_max
+    return acc, row_sum, row_max
 
 
 @triton.jit
@@ -94,11 +111,7 @@ def _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, n_st
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in tl.range(n_start, n_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         scores = tl.dot(q, tl.trans(desc_k.load([kv_row0 + n0, 0])), input_precision=DOT)
-        cols = n0 + offs_n
-        if CAUSAL_MASK:
-            scores = tl.where(rows[:, None] >= cols[None, :], scores, -1.0e6)
-        if KEY_MASK:
-            scores = tl.where(cols[None, :] < seq_k, scores, float("-inf"))
+        scores = mask_scores(scores, rows, n0 + offs_n, seq_k, CAUSAL_MASK, KEY_MASK)
         acc, row_sum, row_max = _fold(acc, row_sum, row_max, scores, desc_v.load([kv_row0 + n0, 0]), qk_scale, DOT)
     return acc, row_sum, row_max
 
@@ -124,21 +137,9 @@ def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
                        IS_CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
                        WARP_SPECIALIZE: tl.constexpr, WS_DIAGONAL: tl.constexpr, PREFETCH: tl.constexpr,
                        DOT: tl.constexpr):
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:  # longest first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1).to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
-    q_offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    if EVEN_M:
-        q = tl.load(Q + q_offs)
-    else:
-        q = tl.load(Q + q_offs, mask=rows[:, None] < seq_q, other=0.0)
+    bh, m0, rows, q_offs, q = query_tile(Q, seq_q, HEAD_DIM, BLOCK_M, IS_CAUSAL, EVEN_M)
     kv_row0 = (bh * seq_k).to(tl.int32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    acc, row_sum, row_max = softmax_start(BLOCK_M, HEAD_DIM)
     if IS_CAUSAL:
         below_end = tl.minimum(m0, seq_k)
         if PREFETCH and EVEN_N:  # tiles below the diagonal are whole: no key mask
@@ -156,13 +157,11 @@ def tma_forward_kernel(Q, desc_k, desc_v, O, LSE, seq_q, seq_k, qk_scale,
         acc, row_sum, row_max = _fwd_key_tiles(acc, row_sum, row_max, q, desc_k, desc_v, kv_row0, rows, 0,
                                                seq_k, seq_k, qk_scale, BLOCK_N, False, not EVEN_N,
                                                WARP_SPECIALIZE, DOT)
-    out = acc / row_sum[:, None]
-    lse = (row_max + tl.math.log2(row_sum)) * 0.6931471805599453
+    out, lse = softmax_finish(acc, row_sum, row_max)
+    store_rows(O, q_offs, out, rows, seq_q, not EVEN_M)
     if EVEN_M:
-        tl.store(O + q_offs, out.to(O.dtype.element_ty))
         tl.store(LSE + bh * seq_q + rows, lse)
     else:
-        tl.store(O + q_offs, out.to(O.dtype.element_ty), mask=rows[:, None] < seq_q)
         tl.store(LSE + bh * seq_q + rows, lse, mask=rows < seq_q)
 
 
@@ -172,12 +171,9 @@ def tma_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bo
     *lead, seq_q, d = q.shape
     seq_k = k.shape[-2]
     c = config
-    if c.block_m % c.block_n:
-        raise ValueError(f"block_m {c.block_m} must be a multiple of block_n {c.block_n}")
-    out = torch.empty_like(q)
-    lse = torch.empty(lead + [seq_q], dtype=torch.float32, device=q.device)
+    out, lse = forward_buffers(q, c.block_m, c.block_n)
     LAUNCHED["forward"] = tma_forward_kernel[(triton.cdiv(seq_q, c.block_m), math.prod(lead))](
-        q, _descriptor(k, c.block_n), _descriptor(v, c.block_n), out, lse, seq_q, seq_k, LOG2E / math.sqrt(d),
+        q, _descriptor(k, c.block_n), _descriptor(v, c.block_n), out, lse, seq_q, seq_k, softmax_scale(d),
         HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=c.block_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.block_m == 0, EVEN_N=seq_k % c.block_n == 0, WARP_SPECIALIZE=c.warp_specialize,
         WS_DIAGONAL=c.warp_specialize and c.ws_diagonal, PREFETCH=c.prefetch,
@@ -193,14 +189,7 @@ def _dq_key_tiles(dq, q, do, lse2, delta, desc_k, desc_v, kv_row0, rows, n_start
     for n0 in tl.range(n_start, n_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = desc_k.load([kv_row0 + n0, 0])
         v = desc_v.load([kv_row0 + n0, 0])
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale - lse2[:, None])
-        cols = n0 + offs_n
-        if CAUSAL_MASK:
-            p = tl.where(rows[:, None] >= cols[None, :], p, 0.0)
-        if KEY_MASK:
-            p = tl.where(cols[None, :] < seq_k, p, 0.0)
-        ds = p * (tl.dot(do, tl.trans(v), input_precision=DOT) - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT)
+        dq = dq_step(dq, q, do, k, v, lse2, delta, rows, n0, offs_n, seq_k, qk_scale, CAUSAL_MASK, KEY_MASK, DOT)
     return dq
 
 
@@ -214,14 +203,12 @@ def tma_dq_kernel(Q, desc_k, desc_v, O, DO, LSE, DELTA, DQ, seq_q, seq_k, qk_sca
     bh = tl.program_id(1).to(tl.int64)
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    offs = bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    offs = tile_offsets(bh, seq_q, rows, HEAD_DIM)
     row_ok = rows < seq_q
     q = tl.load(Q + offs, mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + offs, mask=row_ok[:, None], other=0.0)
-    o = tl.load(O + offs, mask=row_ok[:, None], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + bh * seq_q + rows, delta, mask=row_ok)
-    lse2 = tl.load(LSE + bh * seq_q + rows, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    delta = store_delta(DELTA, tl.load(O + offs, mask=row_ok[:, None], other=0.0), do, bh, rows, seq_q)
+    lse2 = load_lse2(LSE, bh, rows, seq_q, True)
     kv_row0 = (bh * seq_k).to(tl.int32)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     if IS_CAUSAL:
@@ -255,12 +242,7 @@ def _dkdv_query_tiles(dk, dv, k, v, desc_q, desc_do, LSE, DELTA, lse_row0, q_row
         else:
             lse2 = tl.load(LSE + lse_row0 + rows) * 1.4426950408889634
             delta = tl.load(DELTA + lse_row0 + rows)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=DOT) * qk_scale - lse2[None, :])
-        if CAUSAL_MASK:
-            p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT)
-        ds_t = p_t * (tl.dot(v, tl.trans(do), input_precision=DOT) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT)
+        dk, dv = dkdv_step(dk, dv, k, v, q, do, lse2, delta, rows, cols, qk_scale, CAUSAL_MASK, DOT)
     return dk, dv
 
 
@@ -274,7 +256,7 @@ def tma_dkdv_kernel(desc_q, K, V, desc_do, LSE, DELTA, DK, DV, seq_q, seq_k, qk_
     bh = tl.program_id(1).to(tl.int64)
     n0 = pid_n * BLOCK_N
     cols = n0 + tl.arange(0, BLOCK_N)
-    offs = bh * seq_k * HEAD_DIM + cols[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    offs = tile_offsets(bh, seq_k, cols, HEAD_DIM)
     col_ok = cols < seq_k
     k = tl.load(K + offs, mask=col_ok[:, None], other=0.0)
     v = tl.load(V + offs, mask=col_ok[:, None], other=0.0)
@@ -309,10 +291,9 @@ def tma_dq(q, k, v, out, lse, grad_out, is_causal: bool, config: TmaConfig, prec
         raise ValueError(f"q_m {c.q_m} must be a multiple of q_n {c.q_n}")
     delta = torch.empty_like(lse)
     dq = torch.empty_like(q)
-    sm_scale = 1.0 / math.sqrt(d)
     LAUNCHED["dq"] = tma_dq_kernel[(triton.cdiv(seq_q, c.q_m), math.prod(lead))](
         q, _descriptor(k, c.q_n), _descriptor(v, c.q_n), out, grad_out, lse, delta, dq, seq_q, seq_k,
-        sm_scale * LOG2E, sm_scale, HEAD_DIM=d, BLOCK_M=c.q_m, BLOCK_N=c.q_n, IS_CAUSAL=is_causal,
+        *backward_scales(d), HEAD_DIM=d, BLOCK_M=c.q_m, BLOCK_N=c.q_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.q_m == 0, EVEN_N=seq_k % c.q_n == 0, WARP_SPECIALIZE=c.warp_specialize,
         WS_DIAGONAL=c.warp_specialize and c.ws_diagonal,
         DOT=precision, num_warps=c.q_warps, num_stages=c.q_stages)
@@ -327,10 +308,9 @@ def tma_dkdv(q, k, v, lse, delta, grad_out, is_causal: bool, config: TmaConfig, 
     if c.kv_n % c.kv_m:
         raise ValueError(f"kv_n {c.kv_n} must be a multiple of kv_m {c.kv_m}")
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    sm_scale = 1.0 / math.sqrt(d)
     LAUNCHED["dkdv"] = tma_dkdv_kernel[(triton.cdiv(seq_k, c.kv_n), math.prod(lead))](
         _descriptor(q, c.kv_m), k, v, _descriptor(grad_out, c.kv_m), lse, delta, dk, dv, seq_q, seq_k,
-        sm_scale * LOG2E, sm_scale, HEAD_DIM=d, BLOCK_M=c.kv_m, BLOCK_N=c.kv_n, IS_CAUSAL=is_causal,
+        *backward_scales(d), HEAD_DIM=d, BLOCK_M=c.kv_m, BLOCK_N=c.kv_n, IS_CAUSAL=is_causal,
         EVEN_M=seq_q % c.kv_m == 0, EVEN_N=seq_k % c.kv_n == 0, WARP_SPECIALIZE=c.warp_specialize,
         WS_DIAGONAL=c.warp_specialize and c.ws_diagonal,
         DOT=precision, num_warps=c.kv_warps, num_stages=c.kv_stages)
