@@ -81,7 +81,8 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
            "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
            "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
            "context_lengths": sorted({int(c) for c in series["context_length"]}),
-           "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values())}
+           "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values()),
+           "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE}
     ok = data[data.status == "ok"]
     if not ok.empty:
         ctx["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
