@@ -3,7 +3,8 @@
 Snakemake never looks inside imported modules, and judges `script:` files by modification time.
 So each experiment rule carries, as a parameter, a hash of what its experiment's function can run:
 
-- **What is hashed** is each top-level statement's *tokens*, with comments, docstrings, blank lines
+- **What is hashed** is each top-level statement's *tokens*, with comments, docstrings (and every
+  other statement that is a bare string, such as a field's docstring), blank lines
   and line breaks inside brackets dropped, string and number literals written canonically (quotes,
   prefixes, `1_000`), f-strings as their source text, and a trailing comma that changes nothing
   dropped. Tokens, not `ast.dump`, whose text changes between Python versions: the same code hashes
@@ -148,14 +149,11 @@ def _is_main_guard(node: ast.AST) -> bool:
 
 
 def _docstring_spans(tree: ast.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    spans = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str)):
-                spans.append(((first.lineno, first.col_offset), (first.end_lineno, first.end_col_offset)))
-    return spans
+    """Every statement that is a bare string: the docstrings of modules, classes and functions, and
+    the attribute docstrings after a field or a constant. Such a statement evaluates a literal and
+    discards it (the first of a body also becomes `__doc__`), so dropping it changes nothing that runs."""
+    return [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in ast.walk(tree)
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
