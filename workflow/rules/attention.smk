@@ -6,9 +6,7 @@ PT, FLASH, LB = ATT["pytorch"], ATT["flash"], ATT["leaderboard"]
 
 for impl in PT["impls"]:
     points = [
-        dict(impl=impl, batch=PT["batch"], d=d, seq=seq, passes=PT["passes"], dtype="fp32", device=DEVICE)
-        for d in PT["d"]
-        for seq in PT["seq"]
+        point("pytorch_attention", PT, impl=impl, d=d, seq=seq, dtype="fp32") for d in PT["d"] for seq in PT["seq"]
     ]
     experiment_job(
         "pytorch_attention",
@@ -22,16 +20,7 @@ for impl in FLASH["impls"]:
         if impl == "triton_ieee" and dtype != "fp32":  # how float32 products run: nothing to set in bf16
             continue
         points = [
-            dict(
-                impl=impl,
-                dtype=dtype,
-                seq=seq,
-                d=d,
-                batch=FLASH["batch"],
-                heads=FLASH["heads"],
-                causal=True,
-                device=DEVICE,
-            )
+            point("flash_benchmarking", FLASH, impl=impl, dtype=dtype, seq=seq, d=d, causal=True)
             for d in FLASH["d"]
             for seq in FLASH["seq"]
         ]
@@ -45,7 +34,7 @@ for impl in FLASH["impls"]:
 # One job per GPU model (each runs only on a host with that GPU): ours against cuDNN on each.
 for gpu in LB["gpus"]:
     points = [
-        dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
+        point("flash_leaderboard", LB, impl=impl, edition=edition, causal=True, gpu_model=gpu, **shape)
         for edition, shape in LB["shapes"].items()
         for impl in LB["impls"]
     ]
@@ -60,7 +49,7 @@ for gpu in LB["gpus"]:
 GLUON = LB.get("gluon") or {"gpus": []}
 for gpu in GLUON["gpus"]:
     points = [
-        dict(impl=impl, edition=edition, dtype=LB["dtype"], causal=True, device=DEVICE, gpu_model=gpu, **shape)
+        point("flash_leaderboard_gluon", LB, impl=impl, edition=edition, causal=True, gpu_model=gpu, **shape)
         for edition, shape in LB["shapes"].items()
         for impl in GLUON["impls"]
     ]

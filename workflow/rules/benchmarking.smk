@@ -13,16 +13,15 @@ if len(COMPILED) != len(BENCH.get("compiled", [])):
 def benchmark_points(size, compile_mode):
     block = BENCH if compile_mode == "eager" else {**BENCH, **COMPILED[compile_mode]}
     return [
-        dict(
+        point(
+            "benchmarking",
+            BENCH,
             size=size,
             context_length=ctx,
             mode=mode,
             dtype=dtype,
             compile=compile_mode,
-            warmup=BENCH["warmup"],
-            steps=BENCH["steps"],
             optimizer="ours",
-            device=DEVICE,
         )
         for ctx in block["context_lengths"]
         for dtype in block["dtypes"]
@@ -50,22 +49,20 @@ for size in BENCH["sizes"]:
 # ~5 s of `import torch` each on the H100 host, a quarter of the whole run's wall time.
 for size in SWEEP["sizes"]:
     points = [
-        dict(
+        point(
+            "warmup",
+            SWEEP,
             size=size,
             mode=mode,
-            context_length=SWEEP["context_length"],
-            dtype=SWEEP["dtype"],
             steps=max(SWEEP["warmups"]) + SWEEP["steps"],
-            warmups=SWEEP["warmups"],
             measured_steps=SWEEP["steps"],
             order_in_process=i,
-            device=DEVICE,
         )
         for i, mode in enumerate(SWEEP["modes"])
     ]
     experiment_job("warmup", size, points, [f"results/warmup/{size}/{p['mode']}.json" for p in points])
 
-PEAK_POINTS = [dict(dtype=d, n=PEAK["n"], device=DEVICE) for d in PEAK["dtypes"]]
+PEAK_POINTS = [point("matmul_peak", PEAK, dtype=d) for d in PEAK["dtypes"]]
 experiment_job("matmul_peak", "", PEAK_POINTS, [f"results/peak/{p['dtype']}.json" for p in PEAK_POINTS])
 
 # The optimised-step series: per size, one process runs the configurations in order, each adding one
@@ -75,18 +72,7 @@ for size in OPT["sizes"]:
     techniques, points = [], []
     for name in OPT.get("series", []):
         techniques = techniques + ([] if name == "plain" else [name])
-        points.append(
-            dict(
-                size=size,
-                context_length=OPT["context_length"],
-                configuration=name,
-                techniques=techniques,
-                compile=OPT["compile"],
-                warmup=OPT["warmup"],
-                steps=OPT["steps"],
-                device=DEVICE,
-            )
-        )
+        points.append(point("optimized_step", OPT, size=size, configuration=name, techniques=techniques))
     experiment_job(
         "optimized_step", size, points, [f"results/optimized_step/{size}/{p['configuration']}.json" for p in points]
     )

@@ -15,6 +15,7 @@ from snakemake.utils import validate
 SRC = os.path.join(workflow.basedir, "src")
 sys.path.insert(0, SRC)
 
+from cs336sys import knobs  # noqa: E402
 from cs336sys import pins as pins_lib  # noqa: E402
 from cs336sys import provenance  # noqa: E402
 from cs336sys import registry  # noqa: E402
@@ -83,6 +84,33 @@ def experiment_job(experiment, job, points, results, gpus=1, ranks=None, rendere
         raise ValueError(f"{experiment} {job}: one rank per GPU ({gpus} GPUs, {ranks} ranks)")
     EXPERIMENT_JOBS.append(ExperimentJob(experiment, job, points, list(results), gpus, ranks, rendered))
     return list(results)
+
+
+KNOB_BLOCKS: dict[str, set[tuple[str, ...]]] = {}  # experiment -> the grid blocks its points read knobs from
+
+
+def _path_in_grid(block, node=None, path=()):
+    node = GRID if node is None else node
+    if node is block:
+        return path
+    for key, value in node.items() if isinstance(node, dict) else ():
+        found = _path_in_grid(block, value, path + (key,))
+        if found is not None:
+            return found
+    return None
+
+
+def point(experiment, block=None, **values):
+    """One point of `experiment` (cs336sys.knobs.point): the values the rule sweeps or fixes, every knob
+    of the experiment that its grid `block` sets (passed through by name), and the grid's device."""
+    if "device" in knobs.knobs_of(experiment):
+        values.setdefault("device", DEVICE)
+    if block is not None and (path := _path_in_grid(block)) is not None:
+        KNOB_BLOCKS.setdefault(experiment, set()).add(path)  # for tests/test_knobs.py's schema check
+    try:
+        return knobs.point(experiment, block or {}, **values)
+    except ValueError as e:
+        raise WorkflowError(str(e)) from None
 
 
 def jobs_of(experiment):

@@ -10,7 +10,7 @@ for backend, device, worlds in (("nccl", "cuda", AR["nccl_world_sizes"]), ("gloo
     if device == "cuda" and DEVICE != "cuda":
         continue  # the CPU smoke grid has no NCCL
     for world in worlds:
-        points = [dict(size_bytes=b, warmup=AR["warmup"], iters=AR["iters"], device=device) for b in AR["sizes_bytes"]]
+        points = [point("allreduce", AR, size_bytes=b, device=device) for b in AR["sizes_bytes"]]
         experiment_job(
             "allreduce",
             f"{backend}-{world}",
@@ -26,21 +26,7 @@ def ddp_points(size, dtype, grid=DDP, view_sizes=(), **extra):
     variants += [("bucketed", float(b)) for b in grid["bucket_sizes_mb"]]
     variants += [("bucket_view", float(b)) for b in view_sizes]
     variants += [("torch_ddp", float(b)) for b in grid["torch_ddp_bucket_sizes_mb"]]
-    return [
-        dict(
-            size=size,
-            variant=v,
-            bucket_size_mb=b,
-            context_length=DDP["context_length"],
-            batch_size=DDP["batch_size"],
-            dtype=dtype,
-            warmup=DDP["warmup"],
-            steps=DDP["steps"],
-            device=DEVICE,
-            **extra,
-        )
-        for v, b in variants
-    ]
+    return [point("ddp_step", DDP, size=size, variant=v, bucket_size_mb=b, dtype=dtype, **extra) for v, b in variants]
 
 
 def ddp_name(p):
@@ -78,13 +64,12 @@ for size in HOST["sizes"]:
 
 TRACE = DDP["trace"]
 TRACE_POINTS = [
-    dict(
-        size=TRACE["size"],
+    point(
+        "ddp_trace",
+        TRACE,
         variant=v,
-        dtype=TRACE["dtype"],
         context_length=DDP["context_length"],
         batch_size=DDP["batch_size"],
-        device=DEVICE,
         bucket_size_mb=float(TRACE["bucket_size_mb"]) if v == "bucketed" else None,
     )
     for v in TRACE["variants"]

@@ -28,21 +28,7 @@ for _job, _names in LB["jobs"].items():
     experiment_job(
         "leaderboard_step",
         _job,
-        [
-            dict(
-                size=LB["size"],
-                context_length=LB["context_length"],
-                compute_dtype=LB["compute_dtype"],
-                warmup=LB["warmup"],
-                steps=LB["steps"],
-                bench_rep_ms=LB["bench_rep_ms"],
-                bench_warmup_ms=LB["bench_warmup_ms"],
-                peak_tflops=LB["peak_tflops"],
-                device=DEVICE,
-                **{"variant": "ours", **LB["configs"][name]},
-            )
-            for name in _names
-        ],
+        [point("leaderboard_step", LB, **{"variant": "ours", **LB["configs"][name]}) for name in _names],
         [f"results/leaderboard_step/{_job}/{name}.json" for name in _names],
         gpus=LB["world_size"],
         rendered=True,
@@ -55,14 +41,12 @@ experiment_job(
     "leaderboard_proxy",
     "",
     [
-        dict(
+        point(
+            "leaderboard_proxy",
+            _proxy,
             size=LB["size"],
-            num_layers=_proxy["num_layers"],
             context_length=LB["context_length"],
             compute_dtype=LB["compute_dtype"],
-            warmup=_proxy["warmup"],
-            steps=_proxy["steps"],
-            device=DEVICE,
             **{"variant": "ours", **config},
         )
         for config in _proxy["configs"].values()

@@ -2,8 +2,10 @@
 
 PRECISION = GRID["precision"]
 
-experiment_job("mixed_precision_accumulation", "", [dict(device=DEVICE)], ["results/precision/accumulation.json"])
-AUTOCAST_POINTS = [dict(autocast_dtype=d, device=DEVICE) for d in PRECISION["autocast_dtypes"]]
+experiment_job(
+    "mixed_precision_accumulation", "", [point("mixed_precision_accumulation")], ["results/precision/accumulation.json"]
+)
+AUTOCAST_POINTS = [point("autocast_dtypes", PRECISION, autocast_dtype=d) for d in PRECISION["autocast_dtypes"]]
 experiment_job(
     "autocast_dtypes",
     "",

@@ -8,15 +8,7 @@ MEM = GRID["memory"]
 
 for size in PROF["sizes"]:
     points = [
-        dict(
-            size=size,
-            context_length=ctx,
-            mode=mode,
-            dtype=dtype,
-            warmup=PROF["warmup"],
-            steps=PROF["steps"],
-            device=DEVICE,
-        )
+        point("kernel_profile", PROF, size=size, context_length=ctx, mode=mode, dtype=dtype)
         for ctx in PROF["context_lengths"]
         for mode in PROF["modes"]
         for dtype in PROF["dtypes"]
@@ -33,15 +25,7 @@ for size in SNAP["sizes"]:
     # Short contexts first: a long context's out-of-memory leaves nothing behind for the next point anyway
     # (the runner frees the cache), but the cheap points are done before the slow ones.
     points = [
-        dict(
-            size=size,
-            context_length=ctx,
-            mode=mode,
-            dtype=dtype,
-            warmup=SNAP["warmup"],
-            max_entries=SNAP["max_entries"],
-            device=DEVICE,
-        )
+        point("memory_snapshot", SNAP, size=size, context_length=ctx, mode=mode, dtype=dtype)
         for ctx in sorted(SNAP["context_lengths"])
         for dtype in SNAP["dtypes"]
         for mode in SNAP["modes"]
@@ -58,7 +42,7 @@ for size in SNAP["sizes"]:
 SAVED = MEM["saved_tensors"]
 for size in SAVED["sizes"]:
     points = [
-        dict(size=size, context_length=ctx, dtype=dtype, device=DEVICE)
+        point("saved_tensors", SAVED, size=size, context_length=ctx, dtype=dtype)
         for ctx in SAVED["context_lengths"]
         for dtype in SAVED["dtypes"]
     ]
@@ -71,19 +55,7 @@ for size in SAVED["sizes"]:
 
 CKPT = MEM["checkpointing"]
 CKPT_NAME = f"{CKPT['size']}-{CKPT['dtype']}-ctx{CKPT['context_length']}-b{CKPT['batch_size']}"
-CKPT_POINTS = [
-    dict(
-        size=CKPT["size"],
-        context_length=CKPT["context_length"],
-        batch_size=CKPT["batch_size"],
-        dtype=CKPT["dtype"],
-        checkpoint_blocks=k,
-        warmup=CKPT["warmup"],
-        steps=CKPT["steps"],
-        device=DEVICE,
-    )
-    for k in CKPT["group_sizes"]
-]
+CKPT_POINTS = [point("checkpointing", CKPT, checkpoint_blocks=k) for k in CKPT["group_sizes"]]
 experiment_job(
     "checkpointing",
     CKPT_NAME,

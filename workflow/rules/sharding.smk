@@ -6,18 +6,7 @@
 SHARD = GRID["sharding"]
 
 for size in SHARD["sizes"]:
-    points = [
-        dict(
-            size=size,
-            variant=v,
-            context_length=SHARD["context_length"],
-            batch_size=SHARD["batch_size"],
-            warmup=SHARD["warmup"],
-            steps=SHARD["steps"],
-            device=DEVICE,
-        )
-        for v in SHARD["optimizer_variants"]
-    ]
+    points = [point("sharding_memory", SHARD, size=size, variant=v) for v in SHARD["optimizer_variants"]]
     experiment_job(
         "sharding_memory",
         size,
@@ -26,16 +15,7 @@ for size in SHARD["sizes"]:
         gpus=SHARD["world_size"],
     )
     points = [
-        dict(
-            size=size,
-            variant=v,
-            compute_dtype=d,
-            context_length=SHARD["context_length"],
-            batch_size=SHARD["batch_size"],
-            warmup=SHARD["warmup"],
-            steps=SHARD["steps"],
-            device=DEVICE,
-        )
+        point("fsdp_step", SHARD, size=size, variant=v, compute_dtype=d)
         for d in SHARD["fsdp_compute_dtypes"]
         for v in SHARD["fsdp_variants"]
     ]
@@ -50,17 +30,7 @@ for size in SHARD["sizes"]:
 UNITS = SHARD["fsdp_units"]
 for size in UNITS["sizes"]:
     points = [
-        dict(
-            size=size,
-            variant="ours",
-            compute_dtype=d,
-            unit=u,
-            context_length=SHARD["context_length"],
-            batch_size=SHARD["batch_size"],
-            warmup=SHARD["warmup"],
-            steps=SHARD["steps"],
-            device=DEVICE,
-        )
+        point("fsdp_step", SHARD, size=size, variant="ours", compute_dtype=d, unit=u)
         for d in UNITS["compute_dtypes"]
         for u in UNITS["units"]
     ]
@@ -75,17 +45,14 @@ for size in UNITS["sizes"]:
 PROXY = SHARD["fsdp_proxy"]
 for size in PROXY["sizes"]:
     points = [
-        dict(
+        point(
+            "fsdp_step",
+            SHARD,
             size=size,
             variant="ours",
             compute_dtype=PROXY["compute_dtype"],
             unit=u,
             single_rank_proxy=True,
-            context_length=SHARD["context_length"],
-            batch_size=SHARD["batch_size"],
-            warmup=SHARD["warmup"],
-            steps=SHARD["steps"],
-            device=DEVICE,
         )
         for u in PROXY["units"]
     ]
@@ -102,13 +69,13 @@ experiment_job(
     "fsdp_trace",
     "",
     [
-        dict(
-            size=TRACE["size"],
+        # the trace's own warm-up (the settings' default), not the timed steps' one
+        point(
+            "fsdp_trace",
+            TRACE,
             variant="ours",
-            compute_dtype=TRACE["compute_dtype"],
             context_length=SHARD["context_length"],
             batch_size=SHARD["batch_size"],
-            device=DEVICE,
         )
     ],
     [f"results/fsdp_trace/ours-{TRACE['compute_dtype']}.json"],

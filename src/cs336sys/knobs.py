@@ -1,0 +1,155 @@
+"""Each experiment's knobs: the fields of its settings dataclass, read from the source.
+
+An experiment function is `run_point(settings: SomeSettings, run: Run) -> dict`; the dataclass on its
+first parameter declares every field a point can set, with its type, its default and a one-line
+docstring (the string after the field). That dataclass is the one declaration of a knob:
+
+- the grid (`config/*.yaml`) gives a value to the knobs it sets, in the experiment's block;
+- the rule files build each point with `point(experiment, block, **swept)` (workflow/rules/common.smk),
+  which passes every field the block sets through by name, so a rule names only what it sweeps;
+- the job runner checks each point against the dataclass (`cs336sys.jobs.parse_settings`), and a test
+  checks the grids' schema against the dataclasses (tests/test_knobs.py).
+
+The workflow reads this at parse time, so it parses the source (no import, no torch).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from cs336sys import registry
+
+SRC = Path(__file__).resolve().parent.parent  # .../src
+NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    annotation: str  # the type as written
+    default: object = NO_DEFAULT  # NO_DEFAULT: every point sets it; the source text of a default not a literal
+    doc: str | None = None  # the docstring under the field
+
+    @property
+    def required(self) -> bool:
+        return self.default is NO_DEFAULT
+
+
+@dataclass(frozen=True)
+class Settings:
+    qualname: str  # module:Class
+    knobs: dict[str, Knob]
+
+
+def _module_path(module: str) -> Path:
+    base = SRC.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    raise ValueError(f"module {module!r} is not in {SRC}")
+
+
+@cache
+def _tree(module: str) -> ast.Module:
+    path = _module_path(module)
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    is_package = _module_path(module).name == "__init__.py"
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    base = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _find_class(module: str, name: str) -> tuple[str, ast.ClassDef]:
+    """The class `name` as `module` sees it: defined there, or imported from another of ours."""
+    for node in _tree(module).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return module, node
+    for node in _tree(module).body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _find_class(_absolute(module, node), alias.name)
+    raise ValueError(f"{module}: no class {name!r} (defined or imported)")
+
+
+def _constant(module: str, name: str) -> ast.expr | None:
+    """The value a module-level `NAME = literal` (or `NAME: type = literal`) assigns."""
+    for node in _tree(module).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return node.value
+    return None
+
+
+def _default(module: str, node: ast.expr | None) -> object:
+    if node is None:
+        return NO_DEFAULT
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("field", "dataclasses.field"):
+        for kw in node.keywords:
+            if kw.arg == "default":
+                return _default(module, kw.value)
+            if kw.arg == "default_factory":
+                return ast.unparse(kw.value) + "()"
+        return NO_DEFAULT
+    if isinstance(node, ast.Name) and (value := _constant(module, node.id)) is not None:
+        return _default(module, value)
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node)
+
+
+def _knobs(module: str, cls: ast.ClassDef) -> dict[str, Knob]:
+    knobs: dict[str, Knob] = {}
+    body = cls.body
+    for i, node in enumerate(body):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        if ast.unparse(node.annotation).startswith(("ClassVar", "typing.ClassVar")):
+            continue
+        nxt = body[i + 1] if i + 1 < len(body) else None
+        doc = None
+        if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            doc = " ".join(nxt.value.value.split())
+        name = node.target.id
+        knobs[name] = Knob(name, ast.unparse(node.annotation), _default(module, node.value), doc)
+    return knobs
+
+
+@cache
+def settings_of(experiment: str) -> Settings:
+    """The settings dataclass of a registered experiment (its function's first parameter)."""
+    module, _, function = registry.experiment(experiment).function.partition(":")
+    for node in _tree(module).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            args = node.args.posonlyargs + node.args.args
+            if not args or args[0].annotation is None:
+                raise ValueError(f"{module}:{function}: its first parameter has no settings annotation")
+            where, cls = _find_class(module, ast.unparse(args[0].annotation))
+            return Settings(f"{where}:{cls.name}", _knobs(where, cls))
+    raise ValueError(f"{module}: no function {function!r}")
+
+
+def knobs_of(experiment: str) -> dict[str, Knob]:
+    return settings_of(experiment).knobs
+
+
+def point(experiment: str, block: dict, **values) -> dict:
+    """A point of `experiment`: `values` (what the rule sweeps or fixes), and every knob of the
+    experiment that `block` (its grid block) sets, passed through by name. A value for a knob the
+    experiment does not have is an error naming the known ones; knobs neither sets take their default."""
+    knobs = knobs_of(experiment)
+    unknown = sorted(set(values) - set(knobs))
+    if unknown:
+        raise ValueError(f"{experiment}: {unknown} not a field of {settings_of(experiment).qualname} "
+                         f"(known: {', '.join(knobs)})")
+    return {**{k: block[k] for k in knobs if k in block and k not in values}, **values}
