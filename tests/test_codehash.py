@@ -85,13 +85,18 @@ def test_docstrings_comments_layout_and_quotes_stale_nothing(src_copy):
 
 
 def test_a_field_docstring_stales_nothing_but_a_default_string_does(src_copy):
-    # a bare string after a field (an attribute docstring) is dropped like any docstring; the field's
+    # a bare string under a field (an attribute docstring) is dropped like any docstring; the field's
     # default, a string that is used, still counts
-    field = '    warmup: int = 5\n'
-    assert changed_after(src_copy, "distributed/experiments.py", field,
-                         field + '    """Untimed all-reduce calls before the timed ones."""\n') == set()
-    assert changed_after(src_copy, "distributed/experiments.py", 'device: str = "cuda"  # cuda: NCCL',
-                         'device: str = "cpu"  # cuda: NCCL') == {"allreduce"}
+    path = "distributed/experiments.py"
+    field = '    iters: int = 20\n'
+    doc = re.search(r'    iters: int = 20\n(    """.*"""\n)', (src_copy / path).read_text())
+    assert doc, "AllReduceSettings.iters has a docstring to rewrite"
+    assert changed_after(src_copy, path, field + doc.group(1), field + '    """Timed calls."""\n') == set()
+    assert changed_after(src_copy, path, field + '    """Timed calls."""\n', field) == set()
+    device = re.search(r'class AllReduceSettings:\n(?:    .*\n)*?    device: str = "cuda"\n', (src_copy / path).read_text())
+    assert device
+    assert changed_after(src_copy, path, device.group(0), device.group(0).replace('"cuda"', '"cpu"')) == {
+        "allreduce"}
 
 
 def test_a_call_rewrapped_over_lines_with_a_trailing_comma_is_the_same_code(src_copy):

@@ -29,15 +29,25 @@ COPY_REPEATS = 20
 @dataclass(frozen=True)
 class OptimizedStepSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
-    configuration: str  # the name the report gives this point ("plain", "+ fused AdamW", ...)
+    """Sequence length of each sample, in tokens."""
+    configuration: str
+    """The name the report gives this point ("plain", "+ fused AdamW", ...)."""
     techniques: tuple[str, ...] = ()
-    compile: str = "blocks"  # the model's own forward (configurations without fused_elementwise)
+    """Speed-ups applied: any of fused_adamw | fused_elementwise | flash | bf16_weights | cuda_graph."""
+    compile: str = "blocks"
+    """torch.compile of the model's own forward (without fused_elementwise): eager | blocks | full."""
     batch_size: int | None = None
+    """Sequences per batch; None: the size's default batch size."""
     warmup: int = 5
+    """Untimed steps before the timed ones."""
     steps: int = 10
+    """Timed steps; each phase bracketed by CUDA events (host clock on the CPU)."""
     seed: int = 0
+    """Seed of the model's initial parameters and of the random batch."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 class _Clock:

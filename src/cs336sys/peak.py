@@ -18,10 +18,14 @@ PEAK_DTYPES = ("bf16", "tf32", "fp32")
 
 @dataclass(frozen=True)
 class PeakSettings:
-    dtype: str  # bf16 | tf32 | fp32
-    n: int = 8192  # matrix side
+    dtype: str
+    """Matmul dtype: bf16 | tf32 | fp32 (float32 with TF32 off)."""
+    n: int = 8192
+    """Matrix side: an n x n by n x n product (2 n^3 FLOPs)."""
     repeats: int = 50
+    """Timed products after 5 untimed ones; TFLOP/s is computed from their median time."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 def matmul_tflops(dtype_name: str, n: int, device: str, repeats: int = 50) -> float:

@@ -35,14 +35,19 @@ def accumulate(accumulator: torch.dtype, increment: torch.dtype, upcast: bool, d
 @dataclass(frozen=True)
 class AccumulationSettings:
     n: int = 1000
+    """Number of additions of `value` to the accumulator."""
     value: float = 0.01
+    """The increment added each time; the exact sum is n * value."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 @dataclass(frozen=True)
 class AutocastSettings:
-    autocast_dtype: str  # fp16 | bf16
+    autocast_dtype: str
+    """Autocast dtype the toy model runs under: fp16 | bf16."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 def run_accumulation_point(settings: AccumulationSettings, run: Run) -> dict:

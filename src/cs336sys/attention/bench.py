@@ -89,28 +89,45 @@ class PytorchAttentionSettings:
     """Problems 7 and 8a: naive attention at (batch, seq, d), no heads."""
 
     seq: int
+    """Sequence length of q, k and v."""
     d: int
-    impl: str = "eager"  # eager | compiled
+    """Head dimension: q, k, v are (batch, seq, d)."""
+    impl: str = "eager"
+    """Naive attention eager or through torch.compile: eager | compiled."""
     batch: int = 8
+    """Batch size."""
     passes: int = 100
+    """Timed calls of the forward, then of the backward (mean and std reported)."""
     warmup: int = 5
+    """Untimed calls before each of the two timed series."""
     dtype: str = "fp32"
+    """dtype of q, k and v: fp32 | bf16 | fp16."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 @dataclass(frozen=True)
 class FlashSettings:
     """Problem 11: one point of the FlashAttention grid, inputs (batch, heads, seq, d)."""
 
-    impl: str  # triton | triton_ieee | naive | naive_compiled | sdpa
+    impl: str
+    """triton | triton_ieee (fp32 products in IEEE fp32, not TF32) | naive | naive_compiled | sdpa."""
     seq: int
+    """Sequence length (queries and keys)."""
     d: int
+    """Head dimension."""
     dtype: str = "bf16"
+    """dtype of q, k, v and dO: bf16 | fp32 (the Triton interpreter on the CPU takes fp32 only)."""
     batch: int = 1
+    """Batch size."""
     heads: int = 1
+    """Heads: q, k, v are (batch, heads, seq, d)."""
     causal: bool = True
-    sdpa_backend: str | None = None  # pin one of flash/efficient/cudnn/math; None: the first that runs
+    """Causal mask (key j <= query i)."""
+    sdpa_backend: str | None = None
+    """sdpa only: pin flash | efficient | cudnn | math; None: the first that runs, in PyTorch's order."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 @dataclass(frozen=True)
@@ -121,19 +138,32 @@ class LeaderboardSettings:
     batch as the 2025 harness builds them (SDPA, which wants 4-D, gets a view with one head).
     forward_tiles / backward_tiles: ours with these tiles instead of the table's (flash_configs)."""
 
-    impl: str  # ours | sdpa_flash | sdpa_cudnn | sdpa_efficient | naive
+    impl: str
+    """ours | sdpa_flash | sdpa_cudnn | sdpa_efficient | naive (Gluon job: gluon | gluon_bwd | sdpa_cudnn)."""
     batch: int = 1
+    """Batch size (layout bsd: samples times heads, as the 2025 harness builds it)."""
     heads: int = 16
+    """Heads per sample (layout bhsd only)."""
     seq: int = 16384
+    """Sequence length (queries and keys)."""
     d: int = 64
+    """Head dimension."""
     dtype: str = "bf16"
+    """dtype of q, k and v: bf16 | fp16 | fp32."""
     causal: bool = True
+    """Causal mask (key j <= query i)."""
     layout: str = "bhsd"
+    """bhsd: q, k, v of (batch, heads, seq, d) | bsd: (batch, seq, d), heads folded into the batch."""
     forward_tiles: str | None = None
+    """Ours only: forward tiles as `flash_configs.Tiles` text ("256x64/w8/s3"); None: the table's."""
     backward_tiles: str | None = None
-    edition: str = "2025"  # whose leaderboard: a label for the report
-    gpu_model: str = "any"  # the GPU this point is measured on ("H100", "H200"; the job runner checks)
+    """Ours and gluon: backward tiles as `BackwardConfig` text; None: the table's (flash_configs)."""
+    edition: str = "2025"
+    """Whose leaderboard the shape is from (2025 | 2026): a label for the report."""
+    gpu_model: str = "any"
+    """GPU model this point must run on: H100 | H200 | any (another GPU is an error)."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 # --- implementations ------------------------------------------------------------------------

@@ -35,18 +35,31 @@ from cs336sys.training.step import StepSpec, build_step
 @dataclass(frozen=True)
 class BenchSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
+    """Sequence length of each sample, in tokens."""
     mode: str = "forward_backward"
+    """What one step runs: forward | forward_backward | train_step (adds the optimizer step)."""
     dtype: str = "fp32"
+    """Autocast dtype: fp32 (no autocast) | bf16 | fp16; parameters stay fp32."""
     compile: str = "eager"
+    """torch.compile: eager (none) | blocks (each TransformerBlock) | full (the whole model)."""
     warmup: int = 5
+    """Untimed steps before the timed ones."""
     steps: int = 10
+    """Timed steps, each bracketed by a device synchronisation; also the steps of the phase pass."""
     optimizer: str = "ours"
+    """AdamW of train_step: ours (assignment 1's) | torch_fused (torch.optim.AdamW, fused=True)."""
     attention: str = "naive"
+    """Attention function of the model: naive | sdpa."""
     checkpoint_blocks: int = 0
+    """Activation checkpointing: k > 0 blocks per checkpointed group; 0 = none."""
     batch_size: int | None = None
+    """Sequences per batch; None: the size's default batch size."""
     seed: int = 0
+    """Seed of the model's initial parameters and of the random batch."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
     def spec(self) -> StepSpec:
         return StepSpec(size=self.size, context_length=self.context_length, batch_size=self.batch_size,
@@ -59,16 +72,27 @@ class WarmupSettings:
     """The warm-up sweep: one cold process times `steps` steps from the very first one."""
 
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
+    """Sequence length of each sample, in tokens."""
     mode: str
+    """What one step runs: forward | forward_backward | train_step (adds the optimizer step)."""
     steps: int
-    warmups: tuple[int, ...]  # the warm-up counts the report slices out of the step sequence
+    """Steps timed one by one from the process's first (no untimed warm-up): max(warmups) + measured_steps."""
+    warmups: tuple[int, ...]
+    """The warm-up counts the report slices out of the step sequence."""
     measured_steps: int
+    """Steps the report averages after each warm-up count w: step_ms[w:w + measured_steps]."""
     order_in_process: int = 0
+    """This point's position in its job's process (0: first, pays the start-up costs); recorded only."""
     dtype: str = "fp32"
+    """Autocast dtype: fp32 (no autocast) | bf16 | fp16; parameters stay fp32."""
     compile: str = "eager"
+    """torch.compile: eager (none) | blocks (each TransformerBlock) | full (the whole model)."""
     optimizer: str = "ours"
+    """AdamW of train_step: ours (assignment 1's) | torch_fused (torch.optim.AdamW, fused=True)."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 class PhaseTimer:

@@ -44,10 +44,14 @@ def _require_group(run: Run) -> None:
 
 @dataclass(frozen=True)
 class AllReduceSettings:
-    size_bytes: int  # per rank, fp32
+    size_bytes: int
+    """Bytes of the fp32 tensor each rank all-reduces (a positive multiple of 4)."""
     warmup: int = 5
+    """Untimed all-reduce calls before the timed ones."""
     iters: int = 20
-    device: str = "cuda"  # cuda: NCCL, one GPU per rank; cpu: gloo
+    """Timed all-reduce calls, each after a barrier; a call's time is the maximum over the ranks."""
+    device: str = "cuda"
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
 
 def nvlink_nominal_gbps() -> float | None:
@@ -80,21 +84,27 @@ def run_allreduce_point(settings: AllReduceSettings, run: Run) -> dict:
 @dataclass(frozen=True)
 class DDPStepSettings:
     size: str
-    variant: str  # none | naive | flat | overlap | bucketed | bucket_view | torch_ddp
-    bucket_size_mb: float | None = None  # bucketed, bucket_view and torch_ddp (None: PyTorch's default)
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
+    variant: str
+    """Gradient sync: none (local only) | naive | flat | overlap | bucketed | bucket_view | torch_ddp."""
+    bucket_size_mb: float | None = None
+    """Bucket cap in MiB of bucketed, bucket_view (both need it) and torch_ddp (None: PyTorch's 25)."""
     context_length: int = 512
-    batch_size: int = 4  # per rank
-    dtype: str = "fp32"  # autocast dtype; parameters and gradients are fp32
+    """Sequence length of each sample, in tokens."""
+    batch_size: int = 4
+    """Sequences per rank per step."""
+    dtype: str = "fp32"
+    """Autocast dtype (fp32: none); parameters and gradients are fp32."""
     warmup: int = 2
+    """Untimed steps before the timed ones."""
     steps: int = 10
+    """Timed steps (host clock, device synchronised before and after each)."""
     device: str = "cuda"
-    # A series of jobs with baselines of their own ("host": the host-overhead jobs of bucket_view), which the
-    # workflow keeps out of the ddp section's per-(size, dtype) comparison; None: the DDP grid's jobs.
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
     series: str | None = None
-    # True: run on ONE rank, in a process group of one (NCCL on a GPU): every hook, bucket and
-    # all-reduce launch of the wrapper, no transfer. A proxy of the wrapper's host overhead, not a
-    # data-parallel measurement; False: at least 2 ranks.
+    """Job series with its own baselines ("host": bucket_view's host-overhead jobs); None: the DDP grid's."""
     single_rank_proxy: bool = False
+    """True: one rank, a group of one (every hook and launch, no transfer): a host-overhead proxy."""
 
 
 def _wrap(settings: DDPStepSettings, run: Run):
@@ -204,13 +214,21 @@ def _ddp_step(settings: DDPStepSettings, run: Run) -> dict:
 @dataclass(frozen=True)
 class DDPTraceSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     variant: str
+    """Gradient sync: none (local only) | naive | flat | overlap | bucketed | bucket_view | torch_ddp."""
     bucket_size_mb: float | None = None
+    """Bucket cap in MiB of bucketed, bucket_view (both need it) and torch_ddp (None: PyTorch's 25)."""
     context_length: int = 512
+    """Sequence length of each sample, in tokens."""
     batch_size: int = 4
+    """Sequences per rank per step."""
     dtype: str = "bf16"
+    """Autocast dtype (fp32: none); parameters and gradients are fp32."""
     warmup: int = 2
+    """Unprofiled steps before the one profiled step."""
     device: str = "cuda"
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
 
 def run_ddp_trace_point(settings: DDPTraceSettings, run: Run) -> dict:

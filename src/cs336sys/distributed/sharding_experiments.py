@@ -103,13 +103,21 @@ def _gather_per_rank(run: Run, values: dict) -> list[dict]:
 @dataclass(frozen=True)
 class ShardingSettings:
     size: str
-    variant: str  # unsharded | sharded (ours) | zero (torch's ZeroRedundancyOptimizer)
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
+    variant: str
+    """unsharded | sharded (ours) | zero (torch's ZeroRedundancyOptimizer)."""
     context_length: int = 512
-    batch_size: int = 4  # per rank
+    """Sequence length of each sample, in tokens."""
+    batch_size: int = 4
+    """Sequences per rank per step."""
     dtype: str = "fp32"
+    """Autocast dtype (fp32: none); parameters, gradients and optimizer state are fp32."""
     warmup: int = 2
+    """Untimed steps before the timed ones, the first (memory-measured) step included."""
     steps: int = 6
+    """Timed steps (host clock, device synchronised before and after each)."""
     device: str = "cuda"
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
 
 def _sharding_optimizer(variant: str):
@@ -168,15 +176,25 @@ class FSDPSettings:
     work (hooks, gathers that are copies), a proxy for that overhead and not a distributed result."""
 
     size: str
-    variant: str  # ours | fsdp2
-    compute_dtype: str = "bf16"  # fp32 | bf16: parameters gathered and computed in it; fp32 master weights
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
+    variant: str
+    """ours | fsdp2 (PyTorch's fully_shard, one unit per block)."""
+    compute_dtype: str = "bf16"
+    """fp32 | bf16: parameters gathered and computed in it; fp32 master weights."""
     unit: str | int = "layer"
+    """Ours only: what one all-gather fetches: "layer" | "block" | k (blocks per unit)."""
     single_rank_proxy: bool = False
+    """Ours on one rank (no collective communicates): a proxy for FSDP's host-side overhead."""
     context_length: int = 512
-    batch_size: int = 4  # per rank
+    """Sequence length of each sample, in tokens."""
+    batch_size: int = 4
+    """Sequences per rank per step."""
     warmup: int = 2
+    """Untimed steps before the timed ones."""
     steps: int = 6
+    """Timed steps (host clock, device synchronised before and after each)."""
     device: str = "cuda"
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
 
 def _fsdp_wrapper(settings: FSDPSettings):
@@ -235,12 +253,19 @@ def run_fsdp_step_point(settings: FSDPSettings, run: Run) -> dict:
 @dataclass(frozen=True)
 class FSDPTraceSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     variant: str = "ours"
+    """ours | fsdp2 (PyTorch's fully_shard, one unit per block)."""
     compute_dtype: str = "bf16"
+    """fp32 | bf16: parameters gathered and computed in it; fp32 master weights."""
     context_length: int = 512
+    """Sequence length of each sample, in tokens."""
     batch_size: int = 4
+    """Sequences per rank per step."""
     warmup: int = 2
+    """Unprofiled steps before the one profiled step."""
     device: str = "cuda"
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
 
 def run_fsdp_trace_point(settings: FSDPTraceSettings, run: Run) -> dict:

@@ -47,24 +47,43 @@ MIN_TIMED_STEPS = 5
 @dataclass(frozen=True)
 class LeaderboardSettings:
     size: str = "8B"
+    """Model size, a name in `cs336sys.sizes.SIZES` (8B: the leaderboard's)."""
     context_length: int = 32768
-    variant: str = "ours"  # ours | pytorch_parts
+    """Sequence length of each sample, in tokens."""
+    variant: str = "ours"
+    """ours (our FSDP units and kernels) | pytorch_parts (FSDP2 and PyTorch's kernels: the baseline)."""
     batch_per_rank: int = 1
+    """Sequences per rank per step."""
     compute_dtype: str = "bf16"
-    attention: str = "flash"  # ours only; the baseline always uses sdpa
-    checkpoint_blocks: int | str | tuple[int, ...] = "all"  # ours only
-    reshard_after_forward: bool = True  # ours only
-    fused_elementwise: bool = False  # ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels
-    keep_attention: bool = False  # ours only: checkpointed blocks keep attention's outputs (step.py)
+    """Dtype the parameters are gathered and computed in: bf16 | fp32; master weights and grads fp32."""
+    attention: str = "flash"
+    """Ours only: flash | flash_tuned | sdpa | naive; the baseline always uses sdpa."""
+    checkpoint_blocks: int | str | tuple[int, ...] = "all"
+    """Ours only: blocks checkpointed: "all" | "none" | k (the first k) | a tuple of block indices."""
+    reshard_after_forward: bool = True
+    """Ours only: drop a unit's gathered parameters after its forward; gather again in backward."""
+    fused_elementwise: bool = False
+    """Ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels."""
+    keep_attention: bool = False
+    """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned) and do not recompute it."""
     ce_chunk_tokens: int = 4096
+    """Tokens per chunk of the LM head + cross-entropy (the full logits never exist)."""
     warmup: int = 2
+    """Untimed steps after the build (with fresh compile caches, so they include the compiles)."""
     steps: int = 5
+    """Timed steps (at least 5); a step's time is the maximum over the ranks."""
     bench_rep_ms: int = 3000
+    """do_bench's timing budget (ms), moved so that every rank runs the same count (CUDA only)."""
     bench_warmup_ms: int = 1000
-    peak_tflops: float | None = None  # dense bf16 peak of one GPU; None: no MFU
+    """do_bench's warm-up budget (ms), moved as bench_rep_ms is (CUDA only)."""
+    peak_tflops: float | None = None
+    """Dense bf16 peak of one GPU in TFLOP/s, for MFU; None: no MFU."""
     profile: bool = True
+    """Also profile one step: per-phase times and communication not overlapped by compute."""
     seed: int = 0
+    """Seed of the model's initial parameters (each rank's batch: 4000 + rank)."""
     device: str = "cuda"
+    """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:

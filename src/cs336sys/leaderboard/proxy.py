@@ -36,21 +36,36 @@ PROXY = "one-GPU proxy of the leaderboard step (fewer layers, 1 rank): not a lea
 
 @dataclass(frozen=True)
 class ProxySettings:
-    proxy: str = PROXY  # recorded in every result: these are proxies
+    proxy: str = PROXY
+    """Recorded in every result: these are proxies, not leaderboard numbers."""
     size: str = "8B"
+    """Model size whose widths and vocabulary are used, a name in `cs336sys.sizes.SIZES` (8B)."""
     num_layers: int = 12
+    """Transformer blocks built (the 8B has 34)."""
     context_length: int = 32768
-    variant: str = "ours"  # ours | pytorch_parts
+    """Sequence length of each sample, in tokens."""
+    variant: str = "ours"
+    """ours (our FSDP units and kernels) | pytorch_parts (FSDP2 and PyTorch's kernels: the baseline)."""
     compute_dtype: str = "bf16"
-    attention: str = "flash"  # ours only; the baseline always uses sdpa
-    checkpoint_blocks: int | str | tuple[int, ...] = "all"  # ours only; of `num_layers` blocks
-    fused_elementwise: bool = False  # ours only
-    keep_attention: bool = False  # ours only
+    """Dtype the parameters are gathered and computed in: bf16 | fp32; master weights and grads fp32."""
+    attention: str = "flash"
+    """Ours only: flash | flash_tuned | sdpa | naive; the baseline always uses sdpa."""
+    checkpoint_blocks: int | str | tuple[int, ...] = "all"
+    """Ours only: blocks checkpointed, of `num_layers`: "all" | "none" | k (the first k) | indices."""
+    fused_elementwise: bool = False
+    """Ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels."""
+    keep_attention: bool = False
+    """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned) and do not recompute it."""
     ce_chunk_tokens: int = 4096
+    """Tokens per chunk of the LM head + cross-entropy (the full logits never exist)."""
     warmup: int = 2
+    """Untimed steps before the timed ones."""
     steps: int = 5
+    """Timed steps, each bracketed by a device synchronisation; their median is the step time."""
     seed: int = 0
+    """Seed of the model's initial parameters (the batch's seed is 4000)."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:

@@ -40,15 +40,25 @@ _RANGE_KEYS = ("occurrences", "host_us_per_occurrence", "device_us_per_occurrenc
 @dataclass(frozen=True)
 class KernelProfileSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
-    mode: str = "forward"  # forward | forward_backward | train_step
+    """Sequence length of each sample, in tokens."""
+    mode: str = "forward"
+    """What one step runs: forward | forward_backward | train_step."""
     dtype: str = "fp32"
-    warmup: int = 2  # unprofiled, untimed
-    steps: int = 2  # timed with the Python timer, then as many profiled
-    top: int = 8  # kernels kept per table
+    """Autocast dtype: fp32 (no autocast) | bf16 | fp16; parameters stay fp32."""
+    warmup: int = 2
+    """Steps run first, neither timed nor profiled."""
+    steps: int = 2
+    """Steps timed with the Python timer, then as many more profiled (and timed)."""
+    top: int = 8
+    """Kernels kept per table."""
     batch_size: int | None = None
+    """Sequences per batch; None: the size's default batch size."""
     seed: int = 0
+    """Seed of the model's initial parameters and of the random batch."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 def _trim_rows(rows: list[dict], top: int) -> list[dict]:

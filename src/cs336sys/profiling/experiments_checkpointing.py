@@ -34,14 +34,23 @@ CPU_PEAK = "torch.profiler CPU memory events of one step (not a GPU allocator)"
 @dataclass(frozen=True)
 class CheckpointingSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
-    checkpoint_blocks: int  # k: blocks per checkpointed group; 0 = no checkpointing
+    """Sequence length of each sample, in tokens."""
+    checkpoint_blocks: int
+    """k: blocks per checkpointed group; 0 = no checkpointing."""
     batch_size: int | None = None
+    """Sequences per batch; None: the size's default batch size."""
     dtype: str = "fp32"
+    """Autocast dtype: fp32 (no autocast) | bf16 | fp16; parameters stay fp32."""
     warmup: int = 1
+    """Untimed train steps before the peak counter is reset."""
     steps: int = 2
+    """Timed train steps; on a GPU the peak memory is over them."""
     seed: int = 0
+    """Seed of the model's initial parameters, the batch and the block's random input."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 def block_saved_bytes(block: torch.nn.Module, shape: tuple[int, ...], dtype: str, device: str, seed: int) -> int:

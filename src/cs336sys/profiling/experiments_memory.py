@@ -55,16 +55,27 @@ from cs336sys.training.step import StepSpec, build_step
 @dataclass(frozen=True)
 class MemorySnapshotSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
-    mode: str = "train_step"  # forward | forward_backward | train_step
+    """Sequence length of each sample, in tokens."""
+    mode: str = "train_step"
+    """What one step runs: forward | forward_backward | train_step."""
     dtype: str = "fp32"
+    """Autocast dtype: fp32 (no autocast) | bf16 | fp16; parameters stay fp32."""
     warmup: int = 1
-    max_entries: int = 100_000  # allocator history kept (a 2.7B train step makes a few tens of thousands)
-    stacks: str = "python"  # python | all (C++ frames name the autograd node; much slower to snapshot)
+    """Steps run before the recorded one (so optimizer state and allocator pools exist)."""
+    max_entries: int = 100_000
+    """Allocator history kept, in entries (a 2.7B train step makes a few tens of thousands)."""
+    stacks: str = "python"
+    """Frames recorded: python | all (C++ frames name the autograd node; much slower to snapshot)."""
     top_allocations: int = 12
+    """Largest allocations (grouped by size and stack) kept in the result."""
     batch_size: int | None = None
+    """Sequences per batch; None: the size's default batch size."""
     seed: int = 0
+    """Seed of the model's initial parameters and of the random batch."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 def _phase_levels(levels: dict[str, int], device: str):
@@ -175,13 +186,21 @@ def run_memory_snapshot(settings: MemorySnapshotSettings, run: Run) -> dict:
 @dataclass(frozen=True)
 class SavedTensorsSettings:
     size: str
+    """Model size, a name in `cs336sys.sizes.SIZES` (small, medium, large, xl, 2.7B, ...)."""
     context_length: int
+    """Sequence length of each sample, in tokens."""
     dtype: str = "fp32"
+    """Autocast dtype of the block's forward: fp32 (no autocast) | bf16 | fp16."""
     batch_size: int | None = None
+    """Sequences per batch; None: the size's default batch size."""
     compile_rmsnorm: bool = True
+    """Also account for a torch.compile'd RMSNorm (skipped where inductor cannot compile)."""
     top: int = 5
+    """Producing ops listed in the block's `top` (largest saved bytes first)."""
     seed: int = 0
+    """Seed of the model's initial parameters and of the random block and RMSNorm inputs."""
     device: str = "cuda"
+    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
 def _compact(report: dict[str, Any]) -> dict[str, Any]:
