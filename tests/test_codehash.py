@@ -93,7 +93,8 @@ def test_a_field_docstring_stales_nothing_but_a_default_string_does(src_copy):
     assert doc, "AllReduceSettings.iters has a docstring to rewrite"
     assert changed_after(src_copy, path, field + doc.group(1), field + '    """Timed calls."""\n') == set()
     assert changed_after(src_copy, path, field + '    """Timed calls."""\n', field) == set()
-    device = re.search(r'class AllReduceSettings:\n(?:    .*\n)*?    device: str = "cuda"\n', (src_copy / path).read_text())
+    in_class = r'class AllReduceSettings:\n(?:    .*\n)*?    device: str = "cuda"\n'
+    device = re.search(in_class, (src_copy / path).read_text())
     assert device
     assert changed_after(src_copy, path, device.group(0), device.group(0).replace('"cuda"', '"cpu"')) == {
         "allreduce"}
