@@ -20,7 +20,7 @@ TEMPLATES = REPO / "writeup" / "templates"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     paths = [p for pattern in ("results/pytorch_attention/**/*.json", "results/flash_benchmarking/**/*.json",
-                               "results/flash_leaderboard/*/*/*.json", "results/peak/*.json")
+                               "results/flash_leaderboard/*/*/*.json", "results/matmul_peak/*.json")
              for p in sorted(REPO.glob(pattern))]
     if not paths:
         pytest.skip("no committed attention results")

@@ -24,7 +24,7 @@ TEMPLATES = REPO / "writeup" / "templates"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     paths = sorted(REPO.glob("results/benchmarking/**/*.json")) + sorted(REPO.glob("results/warmup/**/*.json")) \
-        + sorted(REPO.glob("results/peak/*.json")) + sorted(REPO.glob("benchmarks/benchmarking/*.tsv"))
+        + sorted(REPO.glob("results/matmul_peak/*.json")) + sorted(REPO.glob("benchmarks/benchmarking/*.tsv"))
     if not paths:
         pytest.skip("no committed benchmarking results")
     out = tmp_path_factory.mktemp("benchmarking")

@@ -302,12 +302,13 @@ def layout_problems(layout: Layout, margin_pt: float) -> list[str]:
 # --- the report, rebuilt from the committed results -----------------------------------------------
 
 SECTION_INPUTS = {
-    "benchmarking": ["results/benchmarking/**/*.json", "results/warmup/**/*.json", "results/peak/*.json",
-                     "benchmarks/benchmarking/*.tsv", "benchmarks/warmup/*.tsv", "benchmarks/peak.tsv",
-                     "benchmarks/precision/*.tsv"],
+    "benchmarking": ["results/benchmarking/**/*.json", "results/warmup/**/*.json", "results/matmul_peak/*.json",
+                     "benchmarks/benchmarking/*.tsv", "benchmarks/warmup/*.tsv", "benchmarks/matmul_peak.tsv",
+                     "benchmarks/mixed_precision_accumulation.tsv", "benchmarks/autocast_dtypes.tsv"],
     "attention": ["results/pytorch_attention/**/*.json", "results/flash_benchmarking/**/*.json",
-                  "results/flash_leaderboard/*/*/*.json", "results/peak/*.json", "benchmarks/flash_benchmarking/*.tsv"],
-    "precision": ["results/precision/*.json"],
+                  "results/flash_leaderboard/*/*/*.json", "results/matmul_peak/*.json",
+                  "benchmarks/flash_benchmarking/*.tsv"],
+    "precision": ["results/mixed_precision_accumulation/*.json", "results/autocast_dtypes/*.json"],
 }
 EXTRA = {"attention": {"reference_ms": {"a published entry": 5.0}}}
 

@@ -15,8 +15,8 @@ import pytest
 from cs336sys import codehash, provenance, whichjob
 
 REPO = Path(__file__).resolve().parent.parent
-PROXY = "results/fsdp_step/2.7B/proxy-ours-bf16-layer.json"
-PEAK = "results/peak/bf16.json"
+PROXY = "results/fsdp_step/2.7B-proxy/ours-bf16-layer.json"
+PEAK = "results/matmul_peak/bf16.json"
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,10 @@ def test_a_result_names_its_rule_experiment_and_point(wf):
 
 
 def test_a_folder_lists_the_rules_with_files_in_it(wf):
-    peak, precision = wf.which(["results/peak", "results/precision/"])
+    peak, fsdp = wf.which(["results/matmul_peak", "results/fsdp_step/"])
     assert peak["folder"] and [r["rule"] for r in peak["rules"]] == ["matmul_peak"]
-    assert {r["experiment"] for r in precision["rules"]} == {"mixed_precision_accumulation", "autocast_dtypes"}
+    assert {r["experiment"] for r in fsdp["rules"]} == {"fsdp_step"}
+    assert {"fsdp_step_2_7B", "fsdp_step_2_7B_proxy"} <= {r["rule"] for r in fsdp["rules"]}
 
 
 def test_sections_report_logs_and_timing_records_name_their_rule(wf):
@@ -70,8 +71,8 @@ def test_rule_to_files_to_which_gives_the_rule_back(wf, rule):
 
 
 def test_unknown_path_and_rule_are_clear_errors(wf):
-    (entry,) = wf.which(["results/peak/bf17.json"])
-    assert "no rule makes results/peak/bf17.json" in entry["error"] and "results/peak/bf16.json" in entry["error"]
+    (entry,) = wf.which(["results/matmul_peak/bf17.json"])
+    assert "no rule makes results/matmul_peak/bf17.json" in entry["error"] and PEAK in entry["error"]
     with pytest.raises(whichjob.Unknown, match="holds no such file"):
         wf.locate("results/sections/precision/no-such-table.csv")
     with pytest.raises(whichjob.Unknown, match="did you mean matmul_peak"):
@@ -113,3 +114,12 @@ def test_the_recorded_point_and_its_difference():
     point = whichjob._recorded_point(rec, PEAK)
     assert point is not None and point["dtype"] == "bf16"
     assert whichjob._point_diff(point, {**point, "n": 4096}) == [f"n: {point['n']} -> 4096"]
+
+
+def test_each_result_lies_in_its_experiments_folder_and_its_jobs(wf):
+    """results/<experiment>/<job>/... (results/<experiment>/... for an experiment's only job)."""
+    jobs = wf.snakemake.globals["EXPERIMENT_JOBS"]
+    assert jobs
+    for job in jobs:
+        folder = f"results/{job.experiment}/" + (f"{job.job}/" if job.job else "")
+        assert all(r.startswith(folder) for r in job.results), (job.rule, folder, job.results[:2])

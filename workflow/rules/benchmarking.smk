@@ -37,8 +37,7 @@ for size in BENCH["sizes"]:
             f"{size}-{compile_mode}",
             points,
             [
-                f"results/benchmarking/{p['size']}/{p['mode']}-{p['dtype']}-{p['compile']}"
-                f"-ctx{p['context_length']}.json"
+                f"results/benchmarking/{p['size']}-{p['compile']}/{p['mode']}-{p['dtype']}-ctx{p['context_length']}.json"
                 for p in points
             ],
         )
@@ -63,7 +62,7 @@ for size in SWEEP["sizes"]:
     experiment_job("warmup", size, points, [f"results/warmup/{size}/{p['mode']}.json" for p in points])
 
 PEAK_POINTS = [point("matmul_peak", PEAK, dtype=d) for d in PEAK["dtypes"]]
-experiment_job("matmul_peak", "", PEAK_POINTS, [f"results/peak/{p['dtype']}.json" for p in PEAK_POINTS])
+experiment_job("matmul_peak", "", PEAK_POINTS, [f"results/matmul_peak/{p['dtype']}.json" for p in PEAK_POINTS])
 
 # The optimised-step series: per size, one process runs the configurations in order, each adding one
 # technique to the one before ("plain" adds none): cs336sys.training.optimized.

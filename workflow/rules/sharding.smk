@@ -36,9 +36,9 @@ for size in UNITS["sizes"]:
     ]
     experiment_job(
         "fsdp_step",
-        f"{size}_units",
+        f"{size}-units",
         points,
-        [f"results/fsdp_step/{size}/ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
+        [f"results/fsdp_step/{size}-units/ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
         gpus=SHARD["world_size"],
     )
 
@@ -58,9 +58,9 @@ for size in PROXY["sizes"]:
     ]
     experiment_job(
         "fsdp_step",
-        f"{size}_proxy",
+        f"{size}-proxy",
         points,
-        [f"results/fsdp_step/{size}/proxy-ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
+        [f"results/fsdp_step/{size}-proxy/ours-{p['compute_dtype']}-{p['unit']}.json" for p in points],
         gpus=1,
     )
 

@@ -46,10 +46,10 @@ PRESETS: dict[str, Hardware] = {h.name: h for h in [
         memory_source="2025 handout, communication_accounting (b): 95e9 bytes per v5p device"),
     Hardware(
         "h100", flops=743.9e12, bandwidth=450e9, memory=85_017_493_504,
-        flops_source="measured by this project: bf16 matmul peak (results/peak/bf16.json)",
+        flops_source="measured by this project: bf16 matmul peak (results/matmul_peak/bf16.json)",
         bandwidth_source="NVIDIA H100 SXM datasheet: NVLink 4 at 900 GB/s both ways, 450 GB/s each way "
                          "(not measured here)",
-        memory_source="measured: torch total_memory of the H100 80GB HBM3 (results/peak/*.json env)",
+        memory_source="measured: torch total_memory of the H100 80GB HBM3 (results/matmul_peak/*.json env)",
         copy_bandwidth=3.0e12, copy_source="measured by this project: device-to-device copy, about 3.0 TB/s"),
     Hardware(
         "h200", flops=989.4e12, bandwidth=450e9, memory=141e9,
