@@ -3,7 +3,10 @@
 PRECISION = GRID["precision"]
 
 experiment_job(
-    "mixed_precision_accumulation", "", [point("mixed_precision_accumulation")], ["results/mixed_precision_accumulation/accumulation.json"]
+    "mixed_precision_accumulation",
+    "",
+    [point("mixed_precision_accumulation")],
+    ["results/mixed_precision_accumulation/accumulation.json"],
 )
 AUTOCAST_POINTS = [point("autocast_dtypes", PRECISION, autocast_dtype=d) for d in PRECISION["autocast_dtypes"]]
 experiment_job(
