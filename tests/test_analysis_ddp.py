@@ -95,6 +95,11 @@ def test_a_sweep_the_model_cannot_describe_fits_poorly():
     # exposed time largest in the middle of the sweep: no n_b·o + s/(n_b·w) curve has a maximum
     f = fit_bucket_model([400, 100, 10, 1], 6e9, [0.01, 0.05, 0.05, 0.01])
     assert f.r2 is not None and f.r2 < ddp_steps.FIT_R2_GOOD
+    by = {"none": {"variant": "none", "mean_ms": 50.0}}
+    for mb, ms, n in [(1, 60.0, 400), (10, 100.0, 100), (100, 100.0, 10), (1000, 60.0, 1)]:
+        by[f"b{mb}"] = {"variant": "bucketed", "bucket_mb": mb, "mean_ms": ms, "all_reduces": n}
+    fit = ddp_steps.bucket_model(by, 6000 * MIB, None)["fits"]["step"]
+    assert fit["r2"] < 0 and not fit["good"] and fit["worse_than_the_mean"]  # the mean predicts better
 
 
 def test_a_sweep_no_slower_than_no_communication_has_no_zero_fit_column():
@@ -104,6 +109,7 @@ def test_a_sweep_no_slower_than_no_communication_has_no_zero_fit_column():
         by[f"b{mb}"] = {"variant": "bucketed", "bucket_mb": mb, "mean_ms": ms, "all_reduces": n}
     model = ddp_steps.bucket_model(by, 40 * MIB, None)
     assert model["fits"]["step"]["predicted_ms"] == pytest.approx([0.0] * 3, abs=1e-9)
+    assert model["fits"]["step"]["b_star_unbounded"] and model["fits"]["step"]["no_optimum_for_lack_of"] == "fixed cost"
     assert "Δ step fit (ms)" not in model["frame"].columns and "Δ step (ms)" in model["frame"].columns
 
 

@@ -77,6 +77,8 @@ def _describe_fit(f: Fit, s: float, n_max: int, pts: list[dict], measured_best: 
     b = optimal_bucket_bytes(s, f.o_s, f.w_bytes_per_s)
     d["b_star_mb"] = b / MIB if math.isfinite(b) and b > 0 else None
     d["b_star_unbounded"] = not math.isfinite(b) or b <= 0  # o = 0 or 1/w = 0: no interior optimum
+    # the term whose absence leaves no optimum (no fixed cost: more buckets never cost more)
+    d["no_optimum_for_lack_of"] = ("fixed cost" if f.o_s <= 0 else "bandwidth term") if d["b_star_unbounded"] else None
     d["b_star_is_all"] = bool(math.isfinite(b) and b >= s)  # one bucket: as flat, but launched in backward
     d["b_star_below_tensor"] = bool(0 < b < s / n_max)  # finer than the tensors: one all-reduce per tensor
     pred = f.predicted_s
@@ -84,6 +86,7 @@ def _describe_fit(f: Fit, s: float, n_max: int, pts: list[dict], measured_best: 
     d["agrees"] = d["predicted_best_mb"] == measured_best
     d["max_abs_residual_ms"] = max(abs(r) for r in f.residuals_s) * 1e3
     d["good"] = bool(f.dof > 0 and f.r2 is not None and f.r2 >= FIT_R2_GOOD)
+    d["worse_than_the_mean"] = bool(f.r2 is not None and f.r2 < 0)  # the times' mean predicts them better
     d["residuals_ms"] = [_zero(r * 1e3) for r in f.residuals_s]
     d["predicted_ms"] = [v * 1e3 for v in f.predicted_s]
     return d
