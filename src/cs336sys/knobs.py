@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from cs336sys import registry
+from cs336sys.codehash import _absolute  # the module a relative import names
 
 SRC = Path(__file__).resolve().parent.parent  # .../src
 NO_DEFAULT = object()
@@ -58,15 +59,6 @@ def _tree(module: str) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-def _absolute(module: str, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    is_package = _module_path(module).name == "__init__.py"
-    parts = module.split(".") if is_package else module.split(".")[:-1]
-    base = ".".join(parts[: len(parts) - node.level + 1])
-    return f"{base}.{node.module}" if node.module else base
-
-
 def _find_class(module: str, name: str) -> tuple[str, ast.ClassDef]:
     """The class `name` as `module` sees it: defined there, or imported from another of ours."""
     for node in _tree(module).body:
@@ -76,7 +68,8 @@ def _find_class(module: str, name: str) -> tuple[str, ast.ClassDef]:
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 if (alias.asname or alias.name) == name:
-                    return _find_class(_absolute(module, node), alias.name)
+                    is_package = _module_path(module).name == "__init__.py"
+                    return _find_class(_absolute(module, is_package, node), alias.name)
     raise ValueError(f"{module}: no class {name!r} (defined or imported)")
 
 
