@@ -13,6 +13,7 @@ import yaml
 from cs336sys import jobs, knobs, registry
 from cs336sys.run import resolve
 from cs336sys.whichjob import Workflow
+from cs336sys.workflow_helpers import grid_of, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "grid.schema.yaml").read_text())
@@ -55,6 +56,24 @@ def test_a_point_passes_the_block_through_and_refuses_an_unknown_field():
         knobs.point("allreduce", block, size_bytes=8, iterations=3)
 
 
+def test_a_job_is_given_its_points_less_their_defaults():
+    allreduce = knobs.knobs_of("allreduce")
+    assert allreduce["warmup"].default == 5  # the default the cases below lean on
+    full = knobs.point("allreduce", {"warmup": 5, "iters": 7}, size_bytes=8)
+    assert knobs.without_defaults("allreduce", full) == {"iters": 7, "size_bytes": 8}
+    # compared as JSON writes them: an int is not its float, a bool not its int, a tuple is its list
+    assert not knobs.at_default(allreduce["warmup"], 5.0) and not knobs.at_default(allreduce["warmup"], True)
+    series = knobs.knobs_of("optimized_step")["techniques"]
+    assert series.default == () and knobs.at_default(series, []) and not knobs.at_default(series, ["flash"])
+    # a required knob, or a default that is not a literal, is never left out
+    assert knobs.without_defaults("allreduce", {"size_bytes": 8}) == {"size_bytes": 8}
+    assert not knobs.at_default(knobs.Knob("k", "list", knobs.SourceText("list()")), "list()")
+    # what a rule reads of a knob: the block's value, else the default
+    assert knobs.value("allreduce", {"warmup": 1}, "warmup") == 1 and knobs.value("allreduce", {}, "warmup") == 5
+    with pytest.raises(ValueError, match="no literal default"):
+        knobs.value("allreduce", {}, "size_bytes")
+
+
 # --- the grids against the dataclasses --------------------------------------------------------------
 
 
@@ -64,11 +83,12 @@ def parsed(request):
     with Workflow(REPO, {"grid": request.param}) as wf:
         rules = [(r.params.problem, r.params.points) for r in wf.snakemake.rules if hasattr(r.params, "points")]
         blocks = {e: set(paths) for e, paths in wf.snakemake.globals["KNOB_BLOCKS"].items()}
-    return request.param, rules, blocks
+        values = wf.snakemake.globals["GRID"]
+    return request.param, rules, blocks, values
 
 
 def test_every_point_of_every_grid_is_a_valid_settings_value(parsed):
-    grid, rules, _ = parsed
+    grid, rules, _, _ = parsed
     assert rules, f"grid {grid}: no experiment rule"
     for problem, points in rules:
         cls = settings_class(problem)
@@ -103,7 +123,7 @@ def _samples(node: dict) -> list:
 
 
 def test_the_grid_schema_agrees_with_the_knobs_it_sets(parsed):
-    grid, _, blocks = parsed
+    grid, _, blocks, _ = parsed
     checked = 0
     for experiment, paths in blocks.items():
         hints = typing.get_type_hints(settings_class(experiment))
@@ -117,3 +137,45 @@ def test_the_grid_schema_agrees_with_the_knobs_it_sets(parsed):
                         f"{knobs.settings_of(experiment).qualname}.{name}: {hints[name]} does not")
                 checked += 1
     assert checked >= 20, f"grid {grid}: only {checked} schema properties matched a knob"
+
+
+def _at_default_everywhere(key: str, value, experiments: set[str]) -> bool:
+    """Is `key: value` a knob at its default for every experiment that reads the block?"""
+    found = [knobs.knobs_of(e).get(key) for e in experiments]
+    return all(k is not None and knobs.at_default(k, value) for k in found)
+
+
+def _readers(blocks: dict[str, set[tuple[str, ...]]]) -> dict[tuple[str, ...], set[str]]:
+    readers: dict[tuple[str, ...], set[str]] = {}
+    for experiment, paths in blocks.items():
+        for path in paths:
+            readers.setdefault(path, set()).add(experiment)
+    return readers
+
+
+def test_no_grid_repeats_a_default(parsed):
+    """A value the grid gives a knob that equals its dataclass default is written twice: leave it out."""
+    grid, _, blocks, values = parsed
+    main = grid_of(load_config(REPO, {"grid": "main"}))  # a default that overrides main's value is needed
+    repeated = []
+    for path, experiments in _readers(blocks).items():
+        block, base = values, main
+        for key in path:
+            block, base = block[key], (base or {}).get(key)
+        repeated += [f"{'.'.join(path)}.{k}: {v!r} ({', '.join(sorted(experiments))})"
+                     for k, v in block.items() if _at_default_everywhere(k, v, experiments)
+                     and (grid == "main" or (base or {}).get(k, v) == v)]
+    assert not repeated, f"grid {grid} repeats defaults of the settings dataclasses:\n" + "\n".join(repeated)
+
+
+def test_the_schema_requires_no_knob_that_has_a_default(parsed):
+    """The schema's `required` lists follow from the dataclasses: a knob with a default is optional."""
+    _, _, blocks, _ = parsed
+    wrong = []
+    for path, experiments in _readers(blocks).items():
+        for key in _schema_node(path).get("required", []):
+            found = [knobs.knobs_of(e).get(key) for e in experiments]
+            if all(k is not None and not k.required for k in found):
+                wrong.append(f"{'.'.join(path)}.{key} ({', '.join(sorted(experiments))})")
+    assert not wrong, "required in the grid schema, though every experiment reading it has a default:\n" + \
+        "\n".join(wrong)

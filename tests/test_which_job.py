@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys import codehash, provenance, whichjob
+from cs336sys import codehash, knobs, provenance, whichjob
 
 REPO = Path(__file__).resolve().parent.parent
 PROXY = "results/fsdp_step/2.7B-proxy/ours-bf16-layer.json"
@@ -113,7 +113,9 @@ def test_the_recorded_point_and_its_difference():
     rec = provenance.record(PEAK)
     point = whichjob._recorded_point(rec, PEAK)
     assert point is not None and point["dtype"] == "bf16"
-    assert whichjob._point_diff(point, {**point, "n": 4096}) == [f"n: {point['n']} -> 4096"]
+    assert "n" not in point  # the record holds the point less its defaults (knobs.without_defaults)
+    full = knobs.with_defaults("matmul_peak", point)
+    assert whichjob._point_diff(full, {**full, "n": 4096}) == [f"n: {full['n']} -> 4096"]
 
 
 def test_each_result_lies_in_its_experiments_folder_and_its_jobs(wf):

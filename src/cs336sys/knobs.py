@@ -16,6 +16,7 @@ The workflow reads this at parse time, so it parses the source (no import, no to
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,11 +28,15 @@ SRC = Path(__file__).resolve().parent.parent  # .../src
 NO_DEFAULT = object()
 
 
+class SourceText(str):
+    """A default that is not a literal (a call, an expression), as its source text: no value to compare."""
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str
     annotation: str  # the type as written
-    default: object = NO_DEFAULT  # NO_DEFAULT: every point sets it; the source text of a default not a literal
+    default: object = NO_DEFAULT  # NO_DEFAULT: every point sets it; SourceText: a default not a literal
     doc: str | None = None  # the docstring under the field
 
     @property
@@ -91,14 +96,14 @@ def _default(module: str, node: ast.expr | None) -> object:
             if kw.arg == "default":
                 return _default(module, kw.value)
             if kw.arg == "default_factory":
-                return ast.unparse(kw.value) + "()"
+                return SourceText(ast.unparse(kw.value) + "()")
         return NO_DEFAULT
     if isinstance(node, ast.Name) and (value := _constant(module, node.id)) is not None:
         return _default(module, value)
     try:
         return ast.literal_eval(node)
     except ValueError:
-        return ast.unparse(node)
+        return SourceText(ast.unparse(node))
 
 
 def _knobs(module: str, cls: ast.ClassDef) -> dict[str, Knob]:
@@ -146,3 +151,41 @@ def point(experiment: str, block: dict, **values) -> dict:
         raise ValueError(f"{experiment}: {unknown} not a field of {settings_of(experiment).qualname} "
                          f"(known: {', '.join(knobs)})")
     return {**{k: block[k] for k in knobs if k in block and k not in values}, **values}
+
+
+def value(experiment: str, block: dict, name: str) -> object:
+    """The value the knob `name` of `experiment` takes with this grid block: the block's, else the default
+    (for a rule that hands one experiment's setting to another, or to a section)."""
+    knob = knobs_of(experiment).get(name)
+    if knob is None:
+        raise ValueError(f"{experiment}: {name!r} is not a field of {settings_of(experiment).qualname}")
+    if name in block:
+        return block[name]
+    if knob.required or isinstance(knob.default, SourceText):
+        raise ValueError(f"{experiment}: the grid sets no {name!r}, and {settings_of(experiment).qualname} "
+                         "has no literal default for it")
+    return knob.default
+
+
+def at_default(knob: Knob, value: object) -> bool:
+    """Is `value` (from a grid or a rule) the knob's literal default, as JSON writes both?"""
+    if knob.required or isinstance(knob.default, SourceText):
+        return False
+    return json.dumps(value) == json.dumps(knob.default)  # a tuple is a list; 25 is not 25.0, 1 not true
+
+
+def without_defaults(experiment: str, point: dict) -> dict:
+    """`point` less the knobs it sets to their default: what the job is given and its parameters record.
+
+    Writing a default in the grid or leaving it out then makes the same job parameters, hence no re-run:
+    the settings dataclass is where a default lives, and the job runner fills in what a point leaves out.
+    """
+    knobs = knobs_of(experiment)
+    return {k: v for k, v in point.items() if k not in knobs or not at_default(knobs[k], v)}
+
+
+def with_defaults(experiment: str, point: dict) -> dict:
+    """`point` with every knob it leaves out at its literal default: the settings the job runs, as JSON."""
+    defaults = {name: knob.default for name, knob in knobs_of(experiment).items()
+                if not knob.required and not isinstance(knob.default, SourceText)}
+    return json.loads(json.dumps({**defaults, **point}))

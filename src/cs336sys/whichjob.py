@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cs336sys import knobs, provenance, registry
 from cs336sys import pins as pins_lib
-from cs336sys import provenance, registry
 
 REPORT_RULES = ("report_markdown", "report_pdf")
 
@@ -197,7 +197,8 @@ class Workflow:
                 else:  # a rendered folder: its result file's path without .json
                     outputs.append(Output(path, r.name, "rendered", results.index(f"{path}.json")))
             return Rule(r.name, "experiment", outputs + extra, params, experiment=params["problem"],
-                        function=params["function"], points=json.loads(params["points"]),
+                        function=params["function"],
+                        points=[knobs.with_defaults(params["problem"], p) for p in json.loads(params["points"])],
                         registered_in=registered.get(f"experiment:{params['problem']}", []))
         outputs = [Output(path, r.name, "output") for path, _ in declared] + extra
         if r.name in sections:
@@ -357,7 +358,7 @@ class Workflow:
         if exists and rec is None:
             why.append("no provenance record in .snakemake/metadata (Snakemake keeps the file as it is)")
         if "points" in verdict["changed"].get(output.path, []) and output.index is not None:
-            before = _recorded_point(rec, rule.results[output.index]) or {}
+            before = knobs.with_defaults(rule.experiment, _recorded_point(rec, rule.results[output.index]) or {})
             diff = _point_diff(before, rule.points[output.index])
             why.append(f"its point changed: {'; '.join(diff)}" if diff else "its own point is unchanged")
         status = ("missing" if not exists else "stale" if not verdict["up_to_date"]

@@ -113,6 +113,14 @@ def point(experiment, block=None, **values):
         raise WorkflowError(str(e)) from None
 
 
+def setting(experiment, block, name):
+    """The value of `experiment`'s knob `name` under grid `block`: the block's, else the dataclass default."""
+    try:
+        return knobs.value(experiment, block, name)
+    except ValueError as e:
+        raise WorkflowError(str(e)) from None
+
+
 def jobs_of(experiment):
     return [j for j in EXPERIMENT_JOBS if j.experiment == experiment]
 
@@ -152,5 +160,8 @@ def job_code(job, function):
     return pins_lib.code_for(job.rule, experiment_code(function), job.results, PINS)
 
 
-def points_json(points):
+def points_json(experiment, points):
+    """The job's `points` parameter: each point less the knobs at their default (knobs.without_defaults),
+    so that a default written in the grid or left out makes the same parameters."""
+    points = [knobs.without_defaults(experiment, p) for p in points]
     return json.dumps(points, sort_keys=True, separators=(",", ":"))

@@ -63,14 +63,17 @@ for size in HOST["sizes"]:
             HOST_TIMINGS.append(f"benchmarks/ddp_step/{job}.tsv")
 
 TRACE = DDP["trace"]
+TRACE_BUCKET_MB = setting("ddp_trace", TRACE, "bucket_size_mb")
+if "bucketed" in TRACE["variants"] and TRACE_BUCKET_MB is None:
+    raise WorkflowError("ddp.trace.bucket_size_mb: the bucketed variant's trace needs a bucket size (MiB)")
 TRACE_POINTS = [
     point(
         "ddp_trace",
         TRACE,
         variant=v,
-        context_length=DDP["context_length"],
-        batch_size=DDP["batch_size"],
-        bucket_size_mb=float(TRACE["bucket_size_mb"]) if v == "bucketed" else None,
+        context_length=setting("ddp_step", DDP, "context_length"),
+        batch_size=setting("ddp_step", DDP, "batch_size"),
+        bucket_size_mb=float(TRACE_BUCKET_MB) if v == "bucketed" else None,
     )
     for v in TRACE["variants"]
 ]

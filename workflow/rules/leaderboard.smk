@@ -17,8 +17,11 @@ def _check_checkpoint_blocks(where, configs, model, layers):
             )
 
 
-_check_checkpoint_blocks("leaderboard.configs", LB["configs"], LB["size"], get_size(LB["size"]).num_layers)
-_check_checkpoint_blocks("leaderboard.proxy.configs", _proxy["configs"], "the proxy", _proxy.get("num_layers", 0))
+LB_SIZE = setting("leaderboard_step", LB, "size")
+_check_checkpoint_blocks("leaderboard.configs", LB["configs"], LB_SIZE, get_size(LB_SIZE).num_layers)
+_check_checkpoint_blocks(
+    "leaderboard.proxy.configs", _proxy["configs"], "the proxy", setting("leaderboard_proxy", _proxy, "num_layers")
+)
 experiment_job("leaderboard_step", "", [], [])  # handled here even while the grid names no job
 
 for _job, _names in LB["jobs"].items():
@@ -44,9 +47,9 @@ experiment_job(
         point(
             "leaderboard_proxy",
             _proxy,
-            size=LB["size"],
-            context_length=LB["context_length"],
-            compute_dtype=LB["compute_dtype"],
+            size=LB_SIZE,
+            context_length=setting("leaderboard_step", LB, "context_length"),
+            compute_dtype=setting("leaderboard_step", LB, "compute_dtype"),
             **{"variant": "ours", **config},
         )
         for config in _proxy["configs"].values()
@@ -59,10 +62,8 @@ section(
     "leaderboard",
     results_of("leaderboard_step") + timings_of("leaderboard_step") + results_of("leaderboard_proxy"),
     extra={
-        **{
-            k: LB[k]
-            for k in ("size", "context_length", "world_size", "compute_dtype", "peak_tflops", "configs", "jobs")
-        },
+        **{k: setting("leaderboard_step", LB, k) for k in ("size", "context_length", "compute_dtype", "peak_tflops")},
+        **{k: LB[k] for k in ("world_size", "configs", "jobs")},
         "reference": LB.get("reference"),
         # the shape our flash kernel's tiles were tuned at (the flash section's leaderboard benchmark)
         "flash_tuned_at": {k: GRID["attention"]["leaderboard"]["shapes"]["2025"][k] for k in ("d", "seq")},

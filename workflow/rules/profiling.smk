@@ -54,7 +54,9 @@ for size in SAVED["sizes"]:
     )
 
 CKPT = MEM["checkpointing"]
-CKPT_NAME = f"{CKPT['size']}-{CKPT['dtype']}-ctx{CKPT['context_length']}-b{CKPT['batch_size']}"
+CKPT_NAME = "{}-{}-ctx{}-b{}".format(
+    *(setting("checkpointing", CKPT, k) for k in ("size", "dtype", "context_length", "batch_size"))
+)
 CKPT_POINTS = [point("checkpointing", CKPT, checkpoint_blocks=k) for k in CKPT["group_sizes"]]
 experiment_job(
     "checkpointing",

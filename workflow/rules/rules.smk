@@ -19,7 +19,7 @@ for _job in EXPERIMENT_JOBS:
         params:
             problem=_job.experiment,
             function=_function,
-            points=points_json(_job.points),
+            points=points_json(_job.experiment, _job.points),
             results=_job.results,
             rendered="--rendered" if _job.rendered else "",
             nproc=_job.ranks,  # ranks to start; `resources: gpu` above may be capped by --resources

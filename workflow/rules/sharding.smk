@@ -50,7 +50,7 @@ for size in PROXY["sizes"]:
             SHARD,
             size=size,
             variant="ours",
-            compute_dtype=PROXY["compute_dtype"],
+            compute_dtype=setting("fsdp_step", PROXY, "compute_dtype"),
             unit=u,
             single_rank_proxy=True,
         )
@@ -74,11 +74,11 @@ experiment_job(
             "fsdp_trace",
             TRACE,
             variant="ours",
-            context_length=SHARD["context_length"],
-            batch_size=SHARD["batch_size"],
+            context_length=setting("fsdp_step", SHARD, "context_length"),
+            batch_size=setting("fsdp_step", SHARD, "batch_size"),
         )
     ],
-    [f"results/fsdp_trace/ours-{TRACE['compute_dtype']}.json"],
+    [f"results/fsdp_trace/ours-{setting('fsdp_trace', TRACE, 'compute_dtype')}.json"],
     gpus=SHARD["world_size"],
     rendered=True,
 )

@@ -73,7 +73,7 @@ class LeaderboardSettings:
     steps: int = 5
     """Timed steps (at least 5); a step's time is the maximum over the ranks."""
     bench_rep_ms: int = 3000
-    """do_bench's timing budget (ms), moved so that every rank runs the same count (CUDA only)."""
+    """do_bench's timing budget (ms; the course harness's is 30000), moved so every rank runs the same count (CUDA)."""
     bench_warmup_ms: int = 1000
     """do_bench's warm-up budget (ms), moved as bench_rep_ms is (CUDA only)."""
     peak_tflops: float | None = None
