@@ -31,7 +31,7 @@ def test_the_cpu_torch_line_comes_first_and_says_so():
     assert "--retries 0" in cpu_index and re.search(r"--timeout \d\b", cpu_index)
     assert fallback == cpu_index.split(" --")[0]  # the same torch, from the default index
     assert cmds[1].startswith("pip install -e")
-    assert cmds[2] == "snakemake -c1 writeup/report.pdf" and cmds[3] == "pytest"
+    assert cmds[2] == "snakemake -c1 writeup/report.pdf" and cmds[3] == "pytest -n 2"
 
 
 def test_ci_installs_and_tests_as_the_readme_says():
@@ -41,4 +41,4 @@ def test_ci_installs_and_tests_as_the_readme_says():
     assert readme_torch in ci
     torch_at, project_at = ci.index(readme_torch), ci.index("pip install -q -e")
     assert torch_at < project_at  # torch first, as the README's block
-    assert re.search(r"^pytest$", ci, re.M)
+    assert re.search(r"^pytest -n 2$", ci, re.M)
