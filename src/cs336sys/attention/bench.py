@@ -412,8 +412,11 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
     def forward_backward() -> None:
         attend(q, k, v, s.causal).sum().backward()
 
-    fwd_bwd = bench_ms(forward_backward, device, [q, k, v])
-    fwd = bench_ms(lambda: attend(q, k, v, s.causal), device)
+    def forward() -> None:
+        attend(q, k, v, s.causal)
+
+    fwd_bwd = _leaderboard_ms(forward_backward, device, [q, k, v])
+    fwd = _leaderboard_ms(forward, device)
     flops = attention_flops(s.batch * (s.heads if s.layout == "bhsd" else 1), s.seq, s.seq, s.d, s.causal)
     metrics = {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_ms": fwd_bwd - fwd,
                "fwd_flops": flops["forward"], "bwd_flops": flops["backward"], "fwd_bwd_flops": flops["fwd_bwd"]}
@@ -422,6 +425,37 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
     if device.type == "cuda":
         metrics["kernels"] = _kernel_times(forward_backward, [q, k, v])
     return metrics
+
+
+# A leaderboard call takes 1-80 ms: do_bench's grid budget (BENCH_*_MS) would time the 2026 shape's
+# forward+backward once, and the first call of a process (compiling its kernels) would set do_bench's
+# estimate of the call's time, hence how often it is repeated. So each measurement first runs the call
+# LEADERBOARD_WARM_CALLS times (compiled, tuned, the GPU at its clocks), then times at least
+# LEADERBOARD_MIN_CALLS calls.
+LEADERBOARD_WARM_CALLS = 3
+LEADERBOARD_MIN_CALLS = 20
+
+
+def _leaderboard_ms(fn: Callable[[], None], device: torch.device,
+                    grad_to_none: list[torch.Tensor] | None = None) -> float:
+    """Median milliseconds per call of `fn`: `bench_ms` on the CPU; on CUDA do_bench after warm calls,
+    with a budget of at least LEADERBOARD_MIN_CALLS calls (and do_bench's warm-up of a quarter of it)."""
+    if device.type != "cuda":
+        return bench_ms(fn, device, grad_to_none)
+    import triton.testing
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(LEADERBOARD_WARM_CALLS):
+        for t in grad_to_none or ():
+            t.grad = None
+        if i == LEADERBOARD_WARM_CALLS - 1:
+            start.record()
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    rep_ms = max(BENCH_REP_MS, LEADERBOARD_MIN_CALLS * start.elapsed_time(end))
+    return float(triton.testing.do_bench(fn, warmup=max(BENCH_WARMUP_MS, rep_ms / 4), rep=rep_ms,
+                                         grad_to_none=grad_to_none, return_mode="median"))
 
 
 def _require_gpu_model(model: str, device: torch.device) -> None:
