@@ -10,6 +10,7 @@ import pytest
 from test_accounting import synthetic_results
 
 from cs336sys.analysis import accounting as section
+from cs336sys.analysis.context import as_json
 from cs336sys.report import render_section
 
 TEMPLATES = Path(__file__).parent.parent / "writeup" / "templates"
@@ -23,16 +24,17 @@ def fast_section():
     section.MODEL_CHECKS = old
 
 
-def _render(ctx: dict) -> str:
-    """The section with its appendix, as the report renders them (numbered, cross-referenced)."""
-    return render_section("accounting", ctx, TEMPLATES)
+def _render(ctx: section.AccountingContext | dict) -> str:
+    """The section with its appendix, as the report renders them (numbered, cross-referenced), from its
+    context as `python -m cs336sys.analysis` saves it (JSON)."""
+    return render_section("accounting", json.loads(json.dumps(as_json(ctx))), TEMPLATES)
 
 
 def test_section_builds_and_renders_without_results(fast_section, tmp_path):
     ctx = fast_section.build([], tmp_path)
-    json.dumps(ctx)  # the context is saved as JSON
-    assert ctx["env"] == {} and not any(ctx["measured"].values())
-    assert ctx["model_checks_max_error"] == 0
+    json.dumps(as_json(ctx))  # the context is saved as JSON
+    assert ctx.env == {} and not any(ctx.measured.values())
+    assert ctx.model_checks_max_error == 0
     for name in ("ffn_bounds", "ffn_times_h100", "xxl_fsdp_devices", "checks_model", "checks_measured"):
         assert (tmp_path / f"{name}.csv").exists() and (tmp_path / f"{name}.md").exists()
     text = _render(ctx)
@@ -46,11 +48,11 @@ def test_section_with_synthetic_results_fills_the_measured_column(fast_section, 
     out = tmp_path / "out"
     out.mkdir()
     ctx = fast_section.build(paths, out)
-    assert all(ctx["measured"].values())
-    assert ctx["env"]["points"] == len(paths)
+    assert all(ctx.measured.values())
+    assert ctx.env["points"] == len(paths)
     measured = (out / "checks_measured.csv").read_text()
     assert "all-reduce 1 MiB, nccl, 2 ranks" in measured and "not yet measured" not in measured
-    text = _render(json.loads(json.dumps(ctx)))
+    text = _render(ctx)
     assert "points (" in text and "| GB |" not in text and "| GiB |" in text  # memory in GiB, as in the rest
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cs336sys.analysis import precision
+from cs336sys.analysis.context import as_json
 from cs336sys.results import write_result
 
 
@@ -25,16 +26,17 @@ def test_precision_section_tables_come_from_the_results(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     ctx = precision.build(sorted((tmp_path / "r").glob("*.json")), out)
-    assert ctx["accumulation"] == acc["metrics"]["values"] and ctx["exact"] == 10.0
+    assert ctx.accumulation == acc["metrics"]["values"] and ctx.exact == 10.0
     table = (out / "accumulation.csv").read_text().splitlines()
     assert table[0].startswith("loop,result,error vs 10") and len(table) == 3
-    assert ctx["autocast"] == {"bf16": {"parameters": "float32", "logits": "bfloat16"}}
+    assert ctx.autocast == {"bf16": {"parameters": "float32", "logits": "bfloat16"}}
     assert "| logits | bfloat16 |" in (out / "autocast_dtypes.md").read_text()
 
 
 def test_precision_section_without_results_is_empty_not_an_error(tmp_path):
     ctx = precision.build([], tmp_path)
-    assert ctx["tables"] == {} and ctx["env"] == {}
+    assert ctx.tables == {} and ctx.env == {}
+    assert as_json(ctx) == {"env": {}, "tables": {}}  # the parts without results are absent, not None
 
 
 def _analysis(*args):

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cs336sys.analysis.context import as_json
 from cs336sys.results import read_result, write_json_atomic
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None, prefix=f".{out.name}."))
     try:
         paths = [Path(r) for r in a.results]
-        context = module.build(paths, tmp, **json.loads(a.extra))
+        context = as_json(module.build(paths, tmp, **json.loads(a.extra)))
         context["result_counts"] = _result_counts(paths)
         write_json_atomic(tmp / "context.json", context)
         if out.exists():

@@ -9,6 +9,7 @@ the checks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from cs336sys.accounting.hardware import PRESETS
 from cs336sys.accounting.memory import P_NORM, PARAMETER_CLASSES
 from cs336sys.accounting.symbols import D_FF, N_DP, N_FSDP, N_TP, B, C, D, N, S, W, evaluate, latex
 from cs336sys.analysis.common import environment_summary, results_frame, save_table
+from cs336sys.analysis.context import SectionContext
 
 # The example the 2026 FFN answers are evaluated for: the 2026 handout's xl model (our 2.7B) at the
 # batch of its section 3.2 (4 sequences of 2,048 tokens), B = 8,192 rows.
@@ -136,60 +138,124 @@ def hardware_context() -> dict:
             for name in PRESET_ORDER}
 
 
-def build(paths: list[Path], out: Path, **_: object) -> dict:
-    frame = results_frame(paths)
-    answers = questions.all_answers()
-    ctx: dict = {"env": environment_summary(frame), "tables": {}}
-    ctx["q"] = _latex_tree(answers)
-    ctx["q"]["tp_calcs"]["backward_equations"] = questions.TP_BACKWARD
-    ctx["collectives"] = {c: latex(sp.factor(comm.collective_time(c, S))) for c in
-                          ("all_gather", "reduce_scatter", "all_reduce", "alternate_all_reduce")}
-    ctx["busbw_factor"] = latex(comm.bus_bandwidth_factor("all_reduce"))
-    ex = _example_values()
-    ctx["example"] = {**EXAMPLE, "D": ex[D], "D_FF": ex[D_FF], "B": ex[B], "devices": EXAMPLE_DEVICES}
-    ctx["hardware"] = hardware_context()
-    bounds = bounds_table(answers)
-    ctx["bounds"] = {r["hardware"]: {k: v for k, v in r.items() if k != "hardware"} for r in bounds.to_dict("records")}
-    ctx["tables"]["bounds"] = save_table(bounds, out, "ffn_bounds", digits=1)
-    times = times_table(answers)
-    ctx["times"] = times.to_dict("records")
-    ctx["tables"]["times"] = save_table(times, out, "ffn_times_h100", digits=2)
-    f2 = answers["fsdp_tp_calcs"]
-    ctx["shared_over_overlap"] = latex(sp.simplify(f2["shared_bound_large_n"].rhs / f2["overlap_bound_large_n"].rhs))
-    ctx["ring_factor"] = latex((N - 1) / N)
-    ctx["fp16_bytes"] = questions.FP16
-    ctx["ffn_weight_elements"] = latex(questions.FFN_WEIGHT_BYTES / questions.FP16)
-    ctx["ffn_weight_elements_tp"] = latex(questions.FFN_WEIGHT_BYTES / questions.FP16 / N_TP)
-    m, k, n = sp.symbols("m k n", positive=True)
-    ctx["matmul_flops"] = latex(matmul_flops(m, k, n))
-    ctx["editions"] = EDITIONS
-    ctx["references"] = REFERENCES
-    ctx["ring_sim"] = ring_simulation()
-    ctx["fsdp_accounting"] = fsdp_accounting_numbers(answers)
+@dataclass
+class AccountingContext(SectionContext):
+    q: dict = field(default_factory=dict)
+    """Each question's answers (`accounting.questions.all_answers`) as LaTeX, by question and part."""
+    collectives: dict[str, str] = field(default_factory=dict)
+    """Each collective -> its time formula in S (bytes per device), LaTeX."""
+    busbw_factor: str = ""
+    """The all-reduce's bus-bandwidth factor, LaTeX."""
+    example: dict = field(default_factory=dict)
+    """The model, batch and context the FFN answers are evaluated for, with D, D_FF, B and the devices."""
+    hardware: dict = field(default_factory=dict)
+    """Each hardware preset -> its TFLOP/s, GB/s, GiB and their sources."""
+    bounds: dict = field(default_factory=dict)
+    """Each preset -> the largest device counts before each pass is communication-bound."""
+    times: list[dict] = field(default_factory=list)
+    """The example FFN layer on EXAMPLE_DEVICES H100s: compute and communication time of each pass."""
+    shared_over_overlap: str = ""
+    """The 2-D bound with shared links over the overlapped one, for large N, LaTeX."""
+    ring_factor: str = ""
+    """(N - 1) / N, LaTeX."""
+    fp16_bytes: int = 2
+    """Bytes of an fp16 value, as the handout counts weights."""
+    ffn_weight_elements: str = ""
+    """An FFN layer's weight elements, LaTeX."""
+    ffn_weight_elements_tp: str = ""
+    """An FFN layer's weight elements per tensor-parallel device, LaTeX."""
+    matmul_flops: str = ""
+    """FLOPs of an (m x k) @ (k x n) product, LaTeX."""
+    editions: dict = field(default_factory=dict)
+    """Edition key -> the handout's year."""
+    references: dict = field(default_factory=dict)
+    """Paper key -> its citation."""
+    ring_sim: dict = field(default_factory=dict)
+    """The ring and alternate all-reduces simulated, against their formulas (`ring_simulation`)."""
+    fsdp_accounting: dict = field(default_factory=dict)
+    """fsdp_accounting (a): DDP, ZeRO-1 and FSDP state per device in GiB for the 2.7B model on 2 devices."""
+    xxl: dict = field(default_factory=dict)
+    """communication_accounting's numbers (`accounting.communication_accounting.numbers`)."""
+    xxl_q: dict = field(default_factory=dict)
+    """communication_accounting's parts a-d as LaTeX."""
+    model_checks_max_error: float = 0.0
+    """Largest relative error of the accounting's FLOPs and bytes against the model built on meta."""
+    measured: dict[str, bool] = field(default_factory=dict)
+    """Each measured check's problem -> whether every row of it has a measurement."""
+    summary: list[dict] = field(default_factory=list)
+    """The section's lines of the report's summary page."""
 
+
+def _formulas(ctx: AccountingContext, answers: dict) -> None:
+    """The answers and formulas the text prints, as LaTeX."""
+    ctx.q = _latex_tree(answers)
+    ctx.q["tp_calcs"]["backward_equations"] = questions.TP_BACKWARD
+    ctx.collectives = {c: latex(sp.factor(comm.collective_time(c, S))) for c in
+                       ("all_gather", "reduce_scatter", "all_reduce", "alternate_all_reduce")}
+    ctx.busbw_factor = latex(comm.bus_bandwidth_factor("all_reduce"))
+    f2 = answers["fsdp_tp_calcs"]
+    ctx.shared_over_overlap = latex(sp.simplify(f2["shared_bound_large_n"].rhs / f2["overlap_bound_large_n"].rhs))
+    ctx.ring_factor = latex((N - 1) / N)
+    ctx.fp16_bytes = questions.FP16
+    ctx.ffn_weight_elements = latex(questions.FFN_WEIGHT_BYTES / questions.FP16)
+    ctx.ffn_weight_elements_tp = latex(questions.FFN_WEIGHT_BYTES / questions.FP16 / N_TP)
+    m, k, n = sp.symbols("m k n", positive=True)
+    ctx.matmul_flops = latex(matmul_flops(m, k, n))
+
+
+def _ffn_example(ctx: AccountingContext, answers: dict, out: Path) -> None:
+    """The 2026 FFN answers evaluated for the example on each hardware preset."""
+    ex = _example_values()
+    ctx.example = {**EXAMPLE, "D": ex[D], "D_FF": ex[D_FF], "B": ex[B], "devices": EXAMPLE_DEVICES}
+    ctx.hardware = hardware_context()
+    bounds = bounds_table(answers)
+    ctx.bounds = {r["hardware"]: {k: v for k, v in r.items() if k != "hardware"} for r in bounds.to_dict("records")}
+    ctx.tables["bounds"] = save_table(bounds, out, "ffn_bounds", digits=1)
+    times = times_table(answers)
+    ctx.times = times.to_dict("records")
+    ctx.tables["times"] = save_table(times, out, "ffn_times_h100", digits=2)
+
+
+def _communication_accounting(ctx: AccountingContext, out: Path) -> None:
+    """communication_accounting (2025, the XXL model): its numbers, formulas and FSDP table."""
     xxl = communication_accounting
-    ctx["xxl"] = xxl.numbers()
-    ctx["xxl_q"] = {part: {k: latex(v) for k, v in fn().items()}
-                    for part, fn in (("a", xxl.part_a), ("b", xxl.part_b), ("c", xxl.part_c), ("d", xxl.part_d))}
+    ctx.xxl = xxl.numbers()
+    ctx.xxl_q = {part: {k: latex(v) for k, v in fn().items()}
+                 for part, fn in (("a", xxl.part_a), ("b", xxl.part_b), ("c", xxl.part_c), ("d", xxl.part_d))}
     rows = pd.DataFrame([{"tokens": r["tokens"], "activations (GiB)": r["activation_bytes"] / 2**30,
                           "N_FSDP (real)": r["n_fsdp_real"], "N_FSDP": r["n_fsdp"] if r["n_fsdp"] else "none"}
-                         for r in ctx["xxl"]["fsdp_rows"]])
-    ctx["tables"]["xxl_fsdp"] = save_table(rows, out, "xxl_fsdp_devices", digits=2)
+                         for r in ctx.xxl["fsdp_rows"]])
+    ctx.tables["xxl_fsdp"] = save_table(rows, out, "xxl_fsdp_devices", digits=2)
 
+
+def _checks(ctx: AccountingContext, frame: pd.DataFrame, out: Path) -> None:
+    """The accounting against the model built on meta, and against the measured results where present."""
     model_rows = [r for size, batch, context in MODEL_CHECKS for r in checks.model_tensor_rows(size, batch, context)]
-    ctx["model_checks_max_error"] = max(abs(r["ratio"] - 1) for r in model_rows)
-    ctx["tables"]["model_checks"] = save_table(pd.DataFrame(model_rows, columns=checks.COLUMNS), out,
-                                               "checks_model", digits=3)
+    ctx.model_checks_max_error = max(abs(r["ratio"] - 1) for r in model_rows)
+    ctx.tables["model_checks"] = save_table(pd.DataFrame(model_rows, columns=checks.COLUMNS), out,
+                                            "checks_model", digits=3)
     measured_rows = []
-    ctx["measured"] = {}
     for problem, fn in checks.MEASURED_CHECKS.items():
         rows_ = fn(frame)
-        ctx["measured"][problem] = not any(r["measured"] == checks.NOT_MEASURED for r in rows_)
+        ctx.measured[problem] = not any(r["measured"] == checks.NOT_MEASURED for r in rows_)
         measured_rows += rows_
-    ctx["tables"]["measured_checks"] = save_table(pd.DataFrame(measured_rows, columns=checks.COLUMNS), out,
-                                                  "checks_measured", digits=3)
-    ctx["summary"] = [{"part": "Accounting formulas against the real model", "target": None, "met": None,
-                       "result": ("FLOPs and state bytes match exactly" if ctx["model_checks_max_error"] < 1e-9 else
-                                  f"FLOPs and state bytes within {100 * ctx['model_checks_max_error']:.2g} %")
-                       + " (the model built on the meta device)", "ref": "acct-checks"}]
+    ctx.tables["measured_checks"] = save_table(pd.DataFrame(measured_rows, columns=checks.COLUMNS), out,
+                                               "checks_measured", digits=3)
+    error = ctx.model_checks_max_error
+    ctx.summary = [{"part": "Accounting formulas against the real model", "target": None, "met": None,
+                    "result": ("FLOPs and state bytes match exactly" if error < 1e-9 else
+                               f"FLOPs and state bytes within {100 * error:.2g} %")
+                    + " (the model built on the meta device)", "ref": "acct-checks"}]
+
+
+def build(paths: list[Path], out: Path, **_: object) -> AccountingContext:
+    frame = results_frame(paths)
+    answers = questions.all_answers()
+    ctx = AccountingContext(env=environment_summary(frame), editions=EDITIONS, references=REFERENCES)
+    _formulas(ctx, answers)
+    _ffn_example(ctx, answers, out)
+    ctx.ring_sim = ring_simulation()
+    ctx.fsdp_accounting = fsdp_accounting_numbers(answers)
+    _communication_accounting(ctx, out)
+    _checks(ctx, frame, out)
     return ctx
