@@ -16,6 +16,7 @@ from cs336sys import jobs
 from cs336sys.analysis import memory as memory_section
 from cs336sys.analysis import profiling as profiling_section
 from cs336sys.analysis.__main__ import main as analysis_main
+from cs336sys.analysis.context import as_json
 from cs336sys.jobs import parse_settings, settings_as_run, settings_type
 from cs336sys.profiling import experiments_checkpointing
 from cs336sys.profiling.annotate import ATTENTION_RANGES
@@ -177,7 +178,7 @@ def test_sections_build_from_no_results(tmp_path):
     for module in (profiling_section, memory_section):
         out = tmp_path / module.__name__.rsplit(".", 1)[1]
         out.mkdir()
-        ctx = module.build([], out)
+        ctx = as_json(module.build([], out))
         assert {k: v for k, v in ctx.items() if k != "summary"} == {"env": {}, "tables": {}, "figures": {}}
         assert ctx.get("summary", []) == []
 

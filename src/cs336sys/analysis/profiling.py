@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,7 @@ from cs336sys.analysis.common import (
     save_figure,
     save_table,
 )
+from cs336sys.analysis.context import SectionContext
 from cs336sys.results import read_result
 
 AGREE_PCT = 10  # the profiler's forward "matches" the Python timer within this many percent
@@ -94,31 +96,94 @@ def _shares(by_class_us: dict[str, float]) -> dict[str, float]:
     return shares
 
 
-def build(paths: list[Path], out: Path, **_: object) -> dict:
+Span = dict[str, float]  # {"min", "max", "mean"} of a share over the profiled points (%)
+
+
+@dataclass
+class ProfilingContext(SectionContext):
+    figures: dict[str, str] = field(default_factory=dict)
+    """Figure name -> its file (`analysis.common.save_figure`)."""
+    not_ok: list[str] | None = None
+    """The points that did not run (size, context, mode, dtype: status), e.g. out of memory."""
+    machine_s: float | None = None
+    """Wall seconds of the section's jobs (Snakemake's timing records)."""
+    tools: list[str] | None = None
+    """The profilers the points used."""
+    tool: str | None = None
+    """`tools`, joined for the text."""
+    is_cuda_trace: bool | None = None
+    """Every point's trace holds GPU kernels (not CPU ops)."""
+    unit: str | None = None
+    """What a trace row is: "kernel" or "CPU op"."""
+    nsys: list[str] | None = None
+    """Nsight Systems reports the points also wrote."""
+    sizes: list[str] | None = None
+    """Model sizes profiled, smallest first."""
+    context_lengths: list[int] | None = None
+    """Context lengths profiled."""
+    warmup: int | None = None
+    """Untimed steps before the profiled ones."""
+    profiled_steps: int | None = None
+    """Steps timed and profiled per point."""
+    batch_size: int | None = None
+    """Sequences per batch."""
+    forward_ratio: Span | None = None
+    """(a) The profiler's forward span over the Python timer: {"min", "max", "median"}."""
+    agree_pct: int | None = None
+    """(a) Within how many percent the two count as agreeing (AGREE_PCT)."""
+    forward_agrees: bool | None = None
+    """(a) Every point's ratio is within `agree_pct` of 1."""
+    profiler_overhead: Span | None = None
+    """(a) The Python timer with the profiler on over without it: {"min", "max"}."""
+    top_same: dict[str, int] | None = None
+    """(b) In how many of the compared points the top kernel of the forward tops the forward+backward too."""
+    detail: dict | None = None
+    """(b, c) The largest profiled point: its label and its top kernels' names, classes, calls and shares."""
+    non_matmul: list[dict] | None = None
+    """(c) The four largest kernels of its forward that are not matrix products."""
+    classes_figure_context: int | None = None
+    """(d) The context length the figure of time by class shows."""
+    matmul_share: dict[str, Span | None] | None = None
+    """(d) The matrix products' share of GPU time, forward and train step."""
+    elementwise_share: dict[str, Span | None] | None = None
+    """(d) The elementwise kernels' share, forward and train step."""
+    optimizer_share: Span | None = None
+    """(d) The optimizer step's share of a train step."""
+    matmul_share_falls: bool | None = None
+    """(d) The matrix products' mean share is lower in a train step than in a forward."""
+    attention: dict[str, float] | None = None
+    """(e) Softmax against the attention's two products: ranges of their time and FLOP ratios."""
+    summary: list[dict] | None = None
+    """The section's lines of the report's summary page."""
+    limitations: list[str] | None = None
+    """What the profiled grid leaves out of the handout's."""
+
+
+def build(paths: list[Path], out: Path, **_: object) -> ProfilingContext:
     frame = results_frame(paths)
-    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}}
+    ctx = ProfilingContext(env=environment_summary(frame))
     results = _load(paths)
     if not results:
         return ctx
     ok = [r for r in results if r["status"] == "ok"]
-    ctx["not_ok"] = [f"{r['settings']['size']} ctx {r['settings']['context_length']} {r['settings']['mode']} "
+    ctx.not_ok = [f"{r['settings']['size']} ctx {r['settings']['context_length']} {r['settings']['mode']} "
                      f"{r['settings']['dtype']}: {r['status']}" for r in results if r["status"] != "ok"]
     timings = [p for p in paths if p.suffix == ".tsv" and p.exists()]
     if timings:
-        ctx["machine_s"] = sum(read_benchmark_tsv(p) for p in timings)
+        ctx.machine_s = sum(read_benchmark_tsv(p) for p in timings)
     if not ok:
         return ctx
     m0 = ok[0]["metrics"]
-    ctx["tools"] = sorted({r["metrics"]["tool"] for r in ok})
-    ctx["tool"] = ", ".join(ctx["tools"])
-    ctx["is_cuda_trace"] = all(r["metrics"]["trace_source"] == "cuda" for r in ok)
-    ctx["unit"] = "kernel" if ctx["is_cuda_trace"] else "CPU op"
-    ctx["nsys"] = sorted({r["metrics"]["nsys"] for r in ok if r["metrics"].get("nsys")})
-    ctx["sizes"] = sorted({r["settings"]["size"] for r in ok}, key=SIZE_ORDER.index)
-    ctx["context_lengths"] = sorted({r["settings"]["context_length"] for r in ok})
-    ctx["warmup"] = ok[0]["settings"]["warmup"]
-    ctx["profiled_steps"] = ok[0]["settings"]["steps"]
-    ctx["batch_size"] = m0["batch_size"]
+    ctx.tools = sorted({r["metrics"]["tool"] for r in ok})
+    ctx.tool = ", ".join(ctx.tools)
+    ctx.is_cuda_trace = all(r["metrics"]["trace_source"] == "cuda" for r in ok)
+    ctx.unit = "kernel" if ctx.is_cuda_trace else "CPU op"
+    ctx.nsys = sorted({r["metrics"]["nsys"] for r in ok if r["metrics"].get("nsys")})
+    ctx.sizes = sorted({r["settings"]["size"] for r in ok}, key=SIZE_ORDER.index)
+    ctx.context_lengths = sorted({r["settings"]["context_length"] for r in ok})
+    ctx.warmup = ok[0]["settings"]["warmup"]
+    ctx.profiled_steps = ok[0]["settings"]["steps"]
+    ctx.batch_size = m0["batch_size"]
 
     forward = {(r["settings"]["size"], r["settings"]["context_length"], r["settings"]["dtype"]): r["metrics"]
                for r in ok if r["settings"]["mode"] == "forward"}
@@ -133,20 +198,20 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     return ctx
 
 
-def _summary(ctx: dict) -> None:
+def _summary(ctx: ProfilingContext) -> None:
     """The page-1 row (the matmul share) and what the profiled grid leaves out."""
-    ctx["summary"] = []
-    share = ctx.get("matmul_share") or {}
+    ctx.summary = []
+    share = ctx.matmul_share or {}
     if share.get("forward") and share.get("train_step"):
-        ctx["summary"].append({"part": "Matrix products' share of GPU time", "target": None, "met": None,
+        ctx.summary.append({"part": "Matrix products' share of GPU time", "target": None, "met": None,
                                "result": f"{share['forward']['mean']:.0f} % of a forward, "
                                          f"{share['train_step']['mean']:.0f} % of a train step (fp32, mean)",
                                "ref": "prof-classes"})
     # the 2025 handout's nsys_profile grid: every size of its table at contexts 128, 256, 512 and 1024
     asked_sizes, asked_contexts = {"small", "medium", "large", "xl", "2.7B"}, {128, 256, 512, 1024}
-    if not (asked_sizes <= set(ctx["sizes"]) and asked_contexts <= set(ctx["context_lengths"])):
-        ctx["limitations"] = [f"Kernels were profiled for {', '.join(ctx['sizes'])} at contexts "
-                              f"{', '.join(str(c) for c in ctx['context_lengths'])}; the 2025 handout's "
+    if not (asked_sizes <= set(ctx.sizes) and asked_contexts <= set(ctx.context_lengths)):
+        ctx.limitations = [f"Kernels were profiled for {', '.join(ctx.sizes)} at contexts "
+                              f"{', '.join(str(c) for c in ctx.context_lengths)}; the 2025 handout's "
                               "nsys_profile asks for every model size at four context lengths."]
 
 
@@ -155,7 +220,7 @@ def _label(key: tuple) -> str:
     return f"{size} ctx {context}" + ("" if dtype == "fp32" else f" {dtype}")
 
 
-def _forward_time(ctx: dict, out: Path, forward: dict) -> None:
+def _forward_time(ctx: ProfilingContext, out: Path, forward: dict) -> None:
     """(a) The forward pass: profiler (kernel span, host range) against the Python timer."""
     if not forward:
         return
@@ -170,20 +235,20 @@ def _forward_time(ctx: dict, out: Path, forward: dict) -> None:
                      "profiler span (ms)": m["profiler_forward_ms"],
                      "profiler busy (ms)": m["profiler_forward_busy_ms"],
                      "span / timer": ratio})
-    ctx["tables"]["forward_time"] = save_table(pd.DataFrame(rows), out, "forward_time", digits=2)
+    ctx.tables["forward_time"] = save_table(pd.DataFrame(rows), out, "forward_time", digits=2)
     ratios = [r for r in ratios if r is not None]
     overheads = [o for o in overheads if o is not None]
-    ctx["forward_ratio"] = {"min": min(ratios), "max": max(ratios), "median": statistics.median(ratios)}
-    ctx["agree_pct"] = AGREE_PCT
-    ctx["forward_agrees"] = max(abs(r - 1) for r in ratios) <= AGREE_PCT / 100
-    ctx["profiler_overhead"] = {"min": min(overheads), "max": max(overheads)}
+    ctx.forward_ratio = {"min": min(ratios), "max": max(ratios), "median": statistics.median(ratios)}
+    ctx.agree_pct = AGREE_PCT
+    ctx.forward_agrees = max(abs(r - 1) for r in ratios) <= AGREE_PCT / 100
+    ctx.profiler_overhead = {"min": min(overheads), "max": max(overheads)}
 
 
 def _top_row(scope: dict | None) -> dict | None:
     return scope["top"][0] if scope and scope["top"] else None
 
 
-def _top_kernels(ctx: dict, out: Path, forward: dict, train: dict) -> None:
+def _top_kernels(ctx: ProfilingContext, out: Path, forward: dict, train: dict) -> None:
     """(b) Top kernel per forward and per forward+backward; (c) the non-matmul kernels."""
     rows, same = [], []
     for key, m in forward.items():
@@ -198,39 +263,39 @@ def _top_kernels(ctx: dict, out: Path, forward: dict, train: dict) -> None:
         shown = distinct_names([top_f["short_name"]] + ([top_fb["short_name"]] if top_fb else []), 24)
         fb_cell = "n/a" if top_fb is None else "same" if is_same else f"`{shown[1]}`"
         rows.append({"size": key[0], "context": key[1],
-                     f"top forward {ctx['unit']}": f"`{shown[0]}`",
+                     f"top forward {ctx.unit}": f"`{shown[0]}`",
                      "calls / forward": _count(top_f["calls_per_occurrence"]), "share (%)": 100 * top_f["share"],
                      "top in forward+backward": fb_cell,
                      "its share (%)": None if top_fb is None else 100 * top_fb["share"]})
     if rows:
-        ctx["tables"]["top_summary"] = save_table(pd.DataFrame(rows), out, "top_kernels_summary", digits=1)
-        ctx["top_same"] = {"same": sum(same), "compared": len(same)}
+        ctx.tables["top_summary"] = save_table(pd.DataFrame(rows), out, "top_kernels_summary", digits=1)
+        ctx.top_same = {"same": sum(same), "compared": len(same)}
 
     # The detailed tables: the largest size at its longest context with both modes profiled.
     both = [k for k in forward if k in train] or list(forward)
     key = max(both, key=lambda k: (SIZE_ORDER.index(k[0]) if k[0] in SIZE_ORDER else -1, k[1]))
-    ctx["detail"] = {"label": _label(key), "size": key[0], "context_length": key[1], "dtype": key[2]}
+    ctx.detail = {"label": _label(key), "size": key[0], "context_length": key[1], "dtype": key[2]}
     fwd = forward[key]["scopes"].get("forward")
     if fwd:
         top = fwd["top"][0]
-        ctx["detail"].update(
+        ctx.detail.update(
             top_forward=compact_name(top["short_name"], 60), top_forward_class=top["class"],
             top_forward_calls=top["calls_per_occurrence"], top_forward_share=100 * top["share"],
             num_layers=forward[key]["num_layers"],
             top_forward_calls_per_layer=top["calls_per_occurrence"] / forward[key]["num_layers"],
             forward_ms=fwd["device_us_per_occurrence"] / 1e3)
-        ctx["tables"]["top_forward"] = save_table(_kernel_rows(fwd["top"], "forward"), out, "top_forward", digits=2)
+        ctx.tables["top_forward"] = save_table(_kernel_rows(fwd["top"], "forward"), out, "top_forward", digits=2)
         non = fwd["top_non_matmul"]
-        ctx["tables"]["non_matmul"] = save_table(_kernel_rows(non, "forward"), out, "non_matmul_forward", digits=2)
-        ctx["non_matmul"] = [{"name": compact_name(r["short_name"], 60), "class": r["class"], "share": 100 * r["share"]}
+        ctx.tables["non_matmul"] = save_table(_kernel_rows(non, "forward"), out, "non_matmul_forward", digits=2)
+        ctx.non_matmul = [{"name": compact_name(r["short_name"], 60), "class": r["class"], "share": 100 * r["share"]}
                              for r in non[:4]]
     fb = train[key]["scopes"].get("forward+backward") if key in train else None
     if fb:
         top = fb["top"][0]
-        ctx["detail"].update(top_fb=compact_name(top["short_name"], 60), top_fb_class=top["class"],
+        ctx.detail.update(top_fb=compact_name(top["short_name"], 60), top_fb_class=top["class"],
                              top_fb_share=100 * top["share"],
                              top_fb_same=fwd is not None and top["name"] == fwd["top"][0]["name"])
-        ctx["tables"]["top_fb"] = save_table(_kernel_rows(fb["top"], "forward+backward"), out, "top_forward_backward",
+        ctx.tables["top_fb"] = save_table(_kernel_rows(fb["top"], "forward+backward"), out, "top_forward_backward",
                                              digits=2)
 
 
@@ -247,13 +312,13 @@ def _kernel_rows(rows: list[dict], scope: str) -> pd.DataFrame:
                          for name, r in zip(names, rows, strict=True)])
 
 
-def _classes(ctx: dict, out: Path, forward: dict, train: dict) -> None:
+def _classes(ctx: ProfilingContext, out: Path, forward: dict, train: dict) -> None:
     """(d) Time by kernel class, inference against a train step; the figure of the same."""
     rows, bars = [], []
     share_f, share_t, optimizer_t, elementwise_f, elementwise_t = [], [], [], [], []
     contexts = sorted({k[1] for k in train} or {k[1] for k in forward})
     figure_context = 512 if 512 in contexts else contexts[-1] if contexts else None
-    ctx["classes_figure_context"] = figure_context
+    ctx.classes_figure_context = figure_context
     for key in sorted(set(forward) | set(train), key=lambda k: (SIZE_ORDER.index(k[0]), k[1], k[2])):
         for mode, source, scope in (("forward", forward, "forward"), ("train step", train, "train_step")):
             m = source.get(key)
@@ -278,16 +343,16 @@ def _classes(ctx: dict, out: Path, forward: dict, train: dict) -> None:
                 optimizer_t.append(shares["optimizer"])
     if not rows:
         return
-    ctx["tables"]["classes"] = save_table(pd.DataFrame(rows), out, "time_by_class", digits=1)
+    ctx.tables["classes"] = save_table(pd.DataFrame(rows), out, "time_by_class", digits=1)
 
     def span(values: list[float]) -> dict | None:
         return {"min": min(values), "max": max(values), "mean": statistics.fmean(values)} if values else None
 
-    ctx["matmul_share"] = {"forward": span(share_f), "train_step": span(share_t)}
-    ctx["elementwise_share"] = {"forward": span(elementwise_f), "train_step": span(elementwise_t)}
-    ctx["optimizer_share"] = span(optimizer_t)
+    ctx.matmul_share = {"forward": span(share_f), "train_step": span(share_t)}
+    ctx.elementwise_share = {"forward": span(elementwise_f), "train_step": span(elementwise_t)}
+    ctx.optimizer_share = span(optimizer_t)
     if share_f and share_t:
-        ctx["matmul_share_falls"] = statistics.fmean(share_t) < statistics.fmean(share_f)
+        ctx.matmul_share_falls = statistics.fmean(share_t) < statistics.fmean(share_f)
 
     fig, ax = figure(0.32 * len(bars) + 1.3)
     left = [0.0] * len(bars)
@@ -298,13 +363,13 @@ def _classes(ctx: dict, out: Path, forward: dict, train: dict) -> None:
     ax.set_yticks(range(len(bars)), [b[0] for b in bars])
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
-    ax.set_xlabel(f"share of {ctx['unit']} time (%)")
+    ax.set_xlabel(f"share of {ctx.unit} time (%)")
     ax.grid(axis="y", visible=False)
     fig.legend(loc="outside lower center", ncol=4, frameon=False)
-    ctx["figures"]["classes"] = save_figure(fig, out, "time_by_class")
+    ctx.figures["classes"] = save_figure(fig, out, "time_by_class")
 
 
-def _attention(ctx: dict, out: Path, forward: dict) -> None:
+def _attention(ctx: ProfilingContext, out: Path, forward: dict) -> None:
     """(e) Softmax against the two attention matmuls in the forward: time and FLOPs."""
     rows, time_ratios, flop_ratios = [], [], []
     for key, m in forward.items():
@@ -321,8 +386,8 @@ def _attention(ctx: dict, out: Path, forward: dict) -> None:
         flop_ratios.append(a["flop_ratio"])
     if not rows:
         return
-    ctx["tables"]["attention"] = save_table(pd.DataFrame(rows), out, "attention_softmax_matmul", digits=2)
-    ctx["attention"] = {"time_ratio_min": min(time_ratios), "time_ratio_max": max(time_ratios),
+    ctx.tables["attention"] = save_table(pd.DataFrame(rows), out, "attention_softmax_matmul", digits=2)
+    ctx.attention = {"time_ratio_min": min(time_ratios), "time_ratio_max": max(time_ratios),
                         "flop_ratio_min": min(flop_ratios), "flop_ratio_max": max(flop_ratios),
                         "flop_over_time_min": min(f / t for f, t in zip(flop_ratios, time_ratios, strict=True)),
                         "flop_over_time_max": max(f / t for f, t in zip(flop_ratios, time_ratios, strict=True))}
