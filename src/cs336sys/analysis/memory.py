@@ -12,6 +12,7 @@ prediction made from the measured per-block numbers; the nested schemes' costs f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,7 @@ from cs336sys.analysis.common import (
     save_figure,
     save_table,
 )
+from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.memory_snapshots import from_snapshots, unit_of
 from cs336sys.profiling.checkpointing import (
     bisection_cost,
@@ -34,6 +36,36 @@ from cs336sys.profiling.checkpointing import (
 from cs336sys.results import read_result
 from cs336sys.sizes import parameter_count
 from cs336sys.units import GIB, MIB
+
+
+@dataclass
+class MemoryContext(SectionContext):
+    figures: dict[str, str] = field(default_factory=dict)
+    """Figure name -> its file (`analysis.common.save_figure`)."""
+    machine_s: float | None = None
+    """Wall seconds of the section's jobs (Snakemake's timing records)."""
+    snapshot: dict | None = None
+    """(5) The size whose snapshots are shown: its contexts, dtypes, unit, snapshot sources, points out of memory."""
+    bf16_ratio: dict[str, dict[str, float]] | None = None
+    """(5c) Mode -> bf16's peak over fp32's at the same point: {"min", "max"}."""
+    timeline: dict | None = None
+    """(5a) The point whose forward and train-step timelines are drawn, with each mode's peak and phases."""
+    train_peak_phases: dict[str, list[str]] | None = None
+    """(5a) Phase of the train step -> the points (context, dtype) that peaked in it."""
+    residual: dict | None = None
+    """(5d) The residual stream's size from the config, and the allocations of that size seen."""
+    largest: dict | None = None
+    """(5e) The largest allocation of the forward at the longest context that ran: size, site, code."""
+    saved: dict | None = None
+    """(5f, 6) One block's saved-for-backward tensors and gradients at the saved_tensors point."""
+    rmsnorm: dict | None = None
+    """(6) RMSNorm's saved bytes, eager against compiled, and their ratio."""
+    snapshot_gradients: dict | None = None
+    """(5f) What a train-step snapshot's phases say the forward saves and the backward frees, in GiB."""
+    ckpt: dict | None = None
+    """(6) The checkpointing sweep: its shape, group sizes, peaks, the model's prediction and the best k."""
+    summary: list[dict] = field(default_factory=list)
+    """The section's lines of the report's summary page."""
 
 
 def _load(paths: list[Path], problem: str) -> list[dict]:
@@ -49,14 +81,14 @@ def _load(paths: list[Path], problem: str) -> list[dict]:
     return out
 
 
-def build(paths: list[Path], out: Path, **_: object) -> dict:
+def build(paths: list[Path], out: Path, **_: object) -> MemoryContext:
     """The section's context: the snapshots, the saved tensors and gradients, the checkpointing sweep,
     the machine time and the summary."""
     frame = results_frame(paths)
-    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}}
+    ctx = MemoryContext(env=environment_summary(frame))
     timings = [p for p in paths if p.suffix == ".tsv" and p.exists()]
     if timings:
-        ctx["machine_s"] = sum(read_benchmark_tsv(p) for p in timings)
+        ctx.machine_s = sum(read_benchmark_tsv(p) for p in timings)
     snapshots = _load(paths, "memory_snapshot")
     saved = _load(paths, "saved_tensors")
     sweep = _load(paths, "checkpointing")
@@ -68,14 +100,14 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         _gradients_from_snapshot(ctx, snapshots, saved)
     if sweep:
         _checkpointing(ctx, out, sweep)
-    ctx["summary"] = _summary(ctx)
+    ctx.summary = _summary(ctx)
     return ctx
 
 
-def _summary(ctx: dict) -> list[dict]:
+def _summary(ctx: MemoryContext) -> list[dict]:
     """Page 1: what checkpointing buys at the handout's shape, and the train step's peak."""
     rows = []
-    c = ctx.get("ckpt") or {}
+    c = ctx.ckpt or {}
     if c.get("best"):
         none = c.get("none")
         without = "out of memory without it" if none and none.get("status") != "ok" else (
@@ -88,7 +120,7 @@ def _summary(ctx: dict) -> list[dict]:
 
 # --- saved tensors, gradients (problems 5f and 6) ------------------------------------------------------
 
-def _saved(ctx: dict, out: Path, saved: list[dict]) -> None:
+def _saved(ctx: MemoryContext, out: Path, saved: list[dict]) -> None:
     ok = [r for r in saved if r["status"] == "ok"]
     if not ok:
         return
@@ -96,7 +128,7 @@ def _saved(ctx: dict, out: Path, saved: list[dict]) -> None:
                                r["settings"]["context_length"]))
     m = r["metrics"]
     block = m["block"]
-    ctx["saved"] = {
+    ctx.saved = {
         "size": r["settings"]["size"], "context_length": r["settings"]["context_length"],
         "dtype": r["settings"]["dtype"], "batch_size": m["batch_size"], "d_model": m["d_model"], "d_ff": m["d_ff"],
         "num_heads": m["num_heads"], "num_layers": m["num_layers"],
@@ -114,7 +146,7 @@ def _saved(ctx: dict, out: Path, saved: list[dict]) -> None:
     }
     rows = [{"op (module/function)": f"`{t['op']}`", "saved (MiB)": t["bytes"] / MIB, "share (%)": 100 * t["share"],
              "tensors": t["tensors"]} for t in block["top"]]
-    ctx["tables"]["block_top"] = save_table(pd.DataFrame(rows), out, "block_saved_top5", digits=2)
+    ctx.tables["block_top"] = save_table(pd.DataFrame(rows), out, "block_saved_top5", digits=2)
 
     rms = m["rmsnorm"]
     rows = []
@@ -125,19 +157,19 @@ def _saved(ctx: dict, out: Path, saved: list[dict]) -> None:
         full = sum(1 for t in v["tensors"] if t["bytes"] and len(t["shape"]) == 3 and t["shape"][-1] == m["d_model"])
         rows.append({"RMSNorm": variant, "tensors saved": v["saved"], "storages": v["unique"],
                      "full-size storages": full, "saved (MiB)": v["total_bytes"] / MIB})
-    ctx["tables"]["rmsnorm"] = save_table(pd.DataFrame(rows), out, "rmsnorm_saved", digits=2)
-    ctx["rmsnorm"] = {"eager_mib": rms["eager"]["total_bytes"] / MIB,
+    ctx.tables["rmsnorm"] = save_table(pd.DataFrame(rows), out, "rmsnorm_saved", digits=2)
+    ctx.rmsnorm = {"eager_mib": rms["eager"]["total_bytes"] / MIB,
                       "compiled_mib": rms["compiled"]["total_bytes"] / MIB if rms.get("compiled") else None,
                       "skipped": rms.get("compiled_skipped")}
     if rms.get("compiled"):
-        ctx["rmsnorm"]["ratio"] = rms["eager"]["total_bytes"] / rms["compiled"]["total_bytes"]
+        ctx.rmsnorm["ratio"] = rms["eager"]["total_bytes"] / rms["compiled"]["total_bytes"]
 
 
-def _gradients_from_snapshot(ctx: dict, snapshots: list[dict], saved: list[dict]) -> None:
+def _gradients_from_snapshot(ctx: MemoryContext, snapshots: list[dict], saved: list[dict]) -> None:
     """Problem 5f's arithmetic on a train-step snapshot at the saved-tensor point's shape: memory
     added by the forward (saved for backward), dropped by the backward (saved freed, gradients
     made), and what the gradients must then be."""
-    s = ctx.get("saved")
+    s = ctx.saved
     if s is None:
         return
     match = [r for r in snapshots if r["status"] == "ok" and r["settings"]["mode"] == "train_step"
@@ -154,7 +186,7 @@ def _gradients_from_snapshot(ctx: dict, snapshots: list[dict], saved: list[dict]
     backward_drop = levels["forward"] - levels["backward"]
     gradients_total = levels["backward"] - levels["start"]
     block_saved = s["total_mib"] * MIB
-    ctx["snapshot_gradients"] = {
+    ctx.snapshot_gradients = {
         "forward_added_gib": forward_added / GIB, "backward_drop_gib": backward_drop / GIB,
         "gradients_total_gib": gradients_total / GIB, "parameters_gib": 4 * m["parameters"] / GIB,
         "per_block_change_mib": backward_drop / n / MIB,
@@ -180,14 +212,14 @@ def _point_of(r: dict, scale: float) -> dict:
             "peak": None if peak is None else peak / scale,
             "step_ms": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None}
 
-def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
+def _checkpointing(ctx: MemoryContext, out: Path, sweep: list[dict]) -> None:
     sweep = sorted(sweep, key=lambda r: r["settings"]["checkpoint_blocks"])
     ok = [r for r in sweep if r["status"] == "ok"]
     first = sweep[0]["settings"]
     info = {"size": first["size"], "context_length": first["context_length"], "dtype": first["dtype"],
             "batch_size": first["batch_size"], "group_sizes": [r["settings"]["checkpoint_blocks"] for r in sweep],
             "oom": [r["settings"]["checkpoint_blocks"] for r in sweep if r["status"] == "oom"]}
-    ctx["ckpt"] = info
+    ctx.ckpt = info
     if not ok:
         return
     m0 = ok[0]["metrics"]
@@ -216,7 +248,7 @@ def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
                      f"predicted peak ({unit})": predicted_peak(n, k, block, boundary, base, grads) / scale,
                      f"predicted M(k) ({unit})": checkpoint_memory(n, k, block, boundary) / scale,
                      "step (ms)": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None})
-    ctx["tables"]["checkpointing"] = save_table(pd.DataFrame(rows), out, "checkpointing_sweep", digits=2)
+    ctx.tables["checkpointing"] = save_table(pd.DataFrame(rows), out, "checkpointing_sweep", digits=2)
 
     by_k = {r["settings"]["checkpoint_blocks"]: r for r in sweep}
     measured = [(k, r["metrics"]["peak_memory_bytes"]) for k, r in by_k.items()
@@ -244,7 +276,7 @@ def _checkpointing(ctx: dict, out: Path, sweep: list[dict]) -> None:
     }
 
 
-def _checkpointing_figure(ctx: dict, out: Path, sweep: list[dict], n: int, block: float, boundary: float,
+def _checkpointing_figure(ctx: MemoryContext, out: Path, sweep: list[dict], n: int, block: float, boundary: float,
                           base: float, grads: float, unit: str, scale: int) -> None:
     fig, (ax, ax_t) = figure(2.9, 1, 2)
     ks = list(range(1, n + 1))
@@ -272,4 +304,4 @@ def _checkpointing_figure(ctx: dict, out: Path, sweep: list[dict], n: int, block
     ax_t.set_xscale("log", base=2)
     ax_t.set_xlabel("blocks per group k (none at ½)")
     ax_t.set_ylabel("train step (ms)")
-    ctx["figures"]["checkpointing"] = save_figure(fig, out, "checkpointing_sweep")
+    ctx.figures["checkpointing"] = save_figure(fig, out, "checkpointing_sweep")

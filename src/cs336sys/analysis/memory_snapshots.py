@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from cs336sys.analysis.common import figure, save_figure, save_table
 from cs336sys.profiling.timeline import SHADES
 from cs336sys.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from cs336sys.analysis.memory import MemoryContext
 
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
@@ -29,7 +33,7 @@ def _cell(r: dict | None, scale: int) -> str | float | None:
     return r["metrics"]["peak_bytes"] / scale if r["status"] == "ok" else r["status"]
 
 
-def from_snapshots(ctx: dict, out: Path, snapshots: list[dict]) -> None:
+def from_snapshots(ctx: MemoryContext, out: Path, snapshots: list[dict]) -> None:
     """Problem 5 (a-e) from the memory_snapshot results of the size with the most points that ran: peak
     memory per context, mode and dtype, the active-memory timelines, the residual stream, the largest
     allocations."""
@@ -42,11 +46,11 @@ def from_snapshots(ctx: dict, out: Path, snapshots: list[dict]) -> None:
     contexts = sorted({k[1] for k in by if k[0] == size})
     dtypes = [d for d in ("fp32", "bf16") if any(k[3] == d for k in by)]
     modes = [m for m in MODE_LABEL if any(k[2] == m for k in by)]
-    ctx["snapshot"] = {"size": size, "contexts": contexts, "dtypes": dtypes, "unit": unit,
+    ctx.snapshot = {"size": size, "contexts": contexts, "dtypes": dtypes, "unit": unit,
                        "sources": sorted({r["metrics"]["source"] for r in ok}),
                        "oom": [f"context {k[1]} {MODE_LABEL[k[2]]} {k[3]}" for k, r in sorted(by.items())
                                if k[0] == size and r["status"] == "oom"]}
-    ctx["snapshot"]["source"] = "; ".join(ctx["snapshot"]["sources"])
+    ctx.snapshot["source"] = "; ".join(ctx.snapshot["sources"])
     _peaks(ctx, out, by, size, contexts, dtypes, modes, unit, scale)
     _timelines(ctx, out, by, size, contexts, dtypes, modes, scale)
     _residual(ctx, out, by, size, ok)
@@ -56,7 +60,7 @@ def from_snapshots(ctx: dict, out: Path, snapshots: list[dict]) -> None:
 Key = tuple[str, int, str, str]  # size, context length, mode, dtype
 
 
-def _peaks(ctx: dict, out: Path, by: dict[Key, dict], size: str, contexts: list[int], dtypes: list[str],
+def _peaks(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, contexts: list[int], dtypes: list[str],
            modes: list[str], unit: str, scale: int) -> None:
     """(b, c) peak memory: two numbers per context length, per dtype; bf16's peak over fp32's per mode."""
     rows = []
@@ -66,17 +70,17 @@ def _peaks(ctx: dict, out: Path, by: dict[Key, dict], size: str, contexts: list[
             for m in modes:
                 row[f"{MODE_LABEL[m]} {d} ({unit})"] = _cell(by.get((size, c, m, d)), scale)
         rows.append(row)
-    ctx["tables"]["peaks"] = save_table(pd.DataFrame(rows), out, "peak_memory", digits=2)
+    ctx.tables["peaks"] = save_table(pd.DataFrame(rows), out, "peak_memory", digits=2)
 
     ratios: dict[str, list[float]] = {}
     for (s, c, m, d), r in by.items():
         other = by.get((s, c, m, "fp32"))
         if d == "bf16" and r["status"] == "ok" and other is not None and other["status"] == "ok":
             ratios.setdefault(m, []).append(r["metrics"]["peak_bytes"] / other["metrics"]["peak_bytes"])
-    ctx["bf16_ratio"] = {MODE_LABEL[m]: {"min": min(v), "max": max(v)} for m, v in ratios.items()}
+    ctx.bf16_ratio = {MODE_LABEL[m]: {"min": min(v), "max": max(v)} for m, v in ratios.items()}
 
 
-def _timelines(ctx: dict, out: Path, by: dict[Key, dict], size: str, contexts: list[int], dtypes: list[str],
+def _timelines(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, contexts: list[int], dtypes: list[str],
                modes: list[str], scale: int) -> None:
     """(a) timelines: forward and train step at the longest context where both ran (fp32 first); the
     phase in which each train step peaked."""
@@ -84,7 +88,7 @@ def _timelines(ctx: dict, out: Path, by: dict[Key, dict], size: str, contexts: l
              if all(by.get((size, c, m, d)) is not None and by[(size, c, m, d)]["status"] == "ok" for m in modes)]
     if pairs:
         c, d = pairs[0]
-        ctx["timeline"] = {"context_length": c, "dtype": d, "modes": []}
+        ctx.timeline = {"context_length": c, "dtype": d, "modes": []}
         for m in modes:
             r = by[(size, c, m, d)]
             summary_path = r["path"].with_suffix("") / "summary.json"
@@ -95,15 +99,15 @@ def _timelines(ctx: dict, out: Path, by: dict[Key, dict], size: str, contexts: l
                 summary = json.loads(summary_path.read_text())
                 entry["figure"] = _timeline_figure(summary, out, f"timeline_{m}",
                                                    f"{size}, context {c}, {MODE_LABEL[m]}, {d}")
-            ctx["timeline"]["modes"].append(entry)
+            ctx.timeline["modes"].append(entry)
     peaks_in = {}
     for (s, c, m, d), r in sorted(by.items()):
         if s == size and m == "train_step" and r["status"] == "ok" and r["metrics"]["peak_phase"]:
             peaks_in.setdefault(r["metrics"]["peak_phase"], []).append(f"{c} {d}")
-    ctx["train_peak_phases"] = peaks_in
+    ctx.train_peak_phases = peaks_in
 
 
-def _residual(ctx: dict, out: Path, by: dict[Key, dict], size: str, ok: list[dict]) -> None:
+def _residual(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, ok: list[dict]) -> None:
     """(d) the residual stream: derived from the config, checked against the allocation sizes seen."""
     rows = []
     for (s, c, m, d), r in sorted(by.items()):
@@ -115,30 +119,30 @@ def _residual(ctx: dict, out: Path, by: dict[Key, dict], size: str, ok: list[dic
                      "nearest size seen (MiB)": None if res["nearest_bytes"] is None else res["nearest_bytes"] / MIB,
                      "made at": f"`{res['nearest_sites'][0]['site']}`" if res["nearest_sites"] else ""})
     if rows:
-        ctx["tables"]["residual"] = save_table(pd.DataFrame(rows), out, "residual_stream", digits=2)
+        ctx.tables["residual"] = save_table(pd.DataFrame(rows), out, "residual_stream", digits=2)
         fp32 = [r for (s, c, m, d), r in sorted(by.items()) if s == size and r["status"] == "ok" and d == "fp32"]
         ref = fp32[-1] if fp32 else ok[-1]
         res = ref["metrics"]["residual"]
-        ctx["residual"] = {**res, "bytes": ref["metrics"]["residual_bytes"],
+        ctx.residual = {**res, "bytes": ref["metrics"]["residual_bytes"],
                            "nearest_mib": None if res["nearest_bytes"] is None else res["nearest_bytes"] / MIB,
                            "mib": ref["metrics"]["residual_bytes"] / MIB,
                            "matches_all": all(row["allocations of that size"] > 0 for row in rows)}
 
 
-def _largest(ctx: dict, out: Path, by: dict[Key, dict], size: str) -> None:
+def _largest(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str) -> None:
     """(e) the largest allocations of the forward pass at the longest context that ran."""
     fwd = [r for (s, c, m, d), r in sorted(by.items(), key=lambda kv: (kv[0][3] != "fp32", -kv[0][1]))
            if s == size and m == "forward" and r["status"] == "ok"]
     if fwd:
         r = fwd[0]
         largest = [a for a in r["metrics"]["largest_allocations"] if a["site"] != "before recording"][:6]
-        ctx["largest"] = {"context_length": r["settings"]["context_length"], "dtype": r["settings"]["dtype"],
+        ctx.largest = {"context_length": r["settings"]["context_length"], "dtype": r["settings"]["dtype"],
                           "top_mib": largest[0]["bytes"] / MIB if largest else None,
                           "top_site": largest[0]["site"] if largest else None,
                           "top_code": largest[0].get("code") if largest else None}
         rows = [{"size (MiB)": a["bytes"] / MIB, "count": a["count"], "made at": f"`{a['site'][:48]}`",
                  "code": f"`{a['code'][:56]}`" if a.get("code") else ""} for a in largest]
-        ctx["tables"]["largest"] = save_table(pd.DataFrame(rows), out, "largest_allocations", digits=2)
+        ctx.tables["largest"] = save_table(pd.DataFrame(rows), out, "largest_allocations", digits=2)
 
 
 def _short(label: str, width: int = 46) -> str:
