@@ -25,6 +25,7 @@ def src_copy(tmp_path, monkeypatch):
     """A private copy of the package sources for hashing, so tests can edit them."""
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
+    monkeypatch.setenv(codehash.CACHE_ENV, str(tmp_path / "hash-cache"))
     codehash.clear_cache()
     yield tmp_path / "cs336sys"
     codehash.clear_cache()
@@ -221,6 +222,27 @@ def test_globals_lookup_makes_the_whole_module_count(src_copy):
 
 
 # --- the rule's own properties ------------------------------------------------------------------
+
+
+def test_hashes_kept_on_disk_are_keyed_by_the_sources_content(src_copy):
+    cache = src_copy.parent / "hash-cache"
+    fresh = codehash.code_hash("cs336sys.peak:run_point", RUNNER)
+    (stored,) = cache.glob("*.json")
+    assert json.loads(stored.read_text()) == {f"cs336sys.peak:run_point\0{RUNNER}": fresh}
+    stored.write_text(json.dumps({f"cs336sys.peak:run_point\0{RUNNER}": "0" * 16}))  # what is stored is used
+    codehash.clear_cache()
+    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER) == "0" * 16
+    edit(src_copy / "peak.py", "\n", "\n# a comment\n")  # any byte of any source: another key, computed afresh
+    codehash.clear_cache()
+    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER) == fresh
+    assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_the_hash_cache_can_be_turned_off(src_copy, monkeypatch):
+    monkeypatch.setenv(codehash.CACHE_ENV, "off")
+    codehash.clear_cache()
+    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER)
+    assert not (src_copy.parent / "hash-cache").exists()
 
 
 def test_closure_follows_what_runs():
