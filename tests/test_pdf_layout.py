@@ -321,6 +321,7 @@ def built(tmp_path_factory):
     from matplotlib.figure import Figure
 
     from cs336sys.analysis import common
+    from cs336sys.analysis.context import as_json
 
     root = tmp_path_factory.mktemp("report")
     figures: dict[str, dict] = {}
@@ -348,7 +349,7 @@ def built(tmp_path_factory):
                 mp.setattr(module, "save_figure", spy(common.save_figure))
             out = root / "sections" / section
             out.mkdir(parents=True)
-            context = module.build(paths, out, **EXTRA.get(section, {}))
+            context = as_json(module.build(paths, out, **EXTRA.get(section, {})))
             context["result_counts"] = {}
             (out / "context.json").write_text(__import__("json").dumps(context, default=str))
             dirs.append(out)
