@@ -43,6 +43,11 @@ class Knob:
     def required(self) -> bool:
         return self.default is NO_DEFAULT
 
+    @property
+    def has_literal_default(self) -> bool:
+        """A default with a value to compare (not required, not an expression's source text)."""
+        return not self.required and not isinstance(self.default, SourceText)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -161,7 +166,7 @@ def value(experiment: str, block: dict, name: str) -> object:
         raise ValueError(f"{experiment}: {name!r} is not a field of {settings_of(experiment).qualname}")
     if name in block:
         return block[name]
-    if knob.required or isinstance(knob.default, SourceText):
+    if not knob.has_literal_default:
         raise ValueError(f"{experiment}: the grid sets no {name!r}, and {settings_of(experiment).qualname} "
                          "has no literal default for it")
     return knob.default
@@ -169,7 +174,7 @@ def value(experiment: str, block: dict, name: str) -> object:
 
 def at_default(knob: Knob, value: object) -> bool:
     """Is `value` (from a grid or a rule) the knob's literal default, as JSON writes both?"""
-    if knob.required or isinstance(knob.default, SourceText):
+    if not knob.has_literal_default:
         return False
     return json.dumps(value) == json.dumps(knob.default)  # a tuple is a list; 25 is not 25.0, 1 not true
 
@@ -186,6 +191,5 @@ def without_defaults(experiment: str, point: dict) -> dict:
 
 def with_defaults(experiment: str, point: dict) -> dict:
     """`point` with every knob it leaves out at its literal default: the settings the job runs, as JSON."""
-    defaults = {name: knob.default for name, knob in knobs_of(experiment).items()
-                if not knob.required and not isinstance(knob.default, SourceText)}
+    defaults = {name: knob.default for name, knob in knobs_of(experiment).items() if knob.has_literal_default}
     return json.loads(json.dumps({**defaults, **point}))
