@@ -592,15 +592,16 @@ def test_gloo_points_from_the_gpu_host_name_that_host(gpu_section):
     assert ctx["env"]["points"] == len(results) - g["points"]
 
 
-def _host_step(root: Path, job: str, variant: str, bucket: float | None, mean: float, proxy: bool, world: int):
+def _host_step(root: Path, job: str, variant: str, bucket: float | None, mean: float, proxy: bool, world: int,
+               size: str = "2.7B", dtype: str = "bf16"):
     name = variant + (f"-{bucket:g}MB" if bucket is not None else "")
     calls = 3 if variant == "bucket_view" else None
     metrics = {"mean_ms": mean, "std_ms": 1.0, "median_ms": mean, "step_ms": [mean - 1, mean + 1] * 2,
                "sync_wait_ms": 0.5, "grad_bytes": 6_000_000_000, "parameters": 1_500_000_000,
                "all_reduces_per_step": calls, "launched_in_backward": calls, "world_size": world}
     _write(root / "results" / "ddp_step" / job / f"{name}.json", "ddp_step",
-           {"size": "2.7B", "variant": variant, "bucket_size_mb": bucket, "context_length": 512, "batch_size": 4,
-            "dtype": "bf16", "warmup": 2, "steps": 4, "device": "cuda", "series": "host",
+           {"size": size, "variant": variant, "bucket_size_mb": bucket, "context_length": 512, "batch_size": 4,
+            "dtype": dtype, "warmup": 2, "steps": 4, "device": "cuda", "series": "host",
             "single_rank_proxy": proxy}, metrics, H200_ENV)
 
 
@@ -627,3 +628,33 @@ def test_host_series_jobs_show_apart_and_leave_the_grids_reading_unchanged(tmp_p
     assert "single-rank proxy (1 GPU)" in text and "bucket views, 0 MiB (one per tensor)" in text
     assert "1.091 ± 0.007" in text  # bucket views at 25 MiB over PyTorch DDP's, same job: 120 / 110
     assert "Gradients as bucket views" not in render(a, tmp_path / "plain_report")
+
+
+def test_a_missed_target_quotes_the_bucket_views_2_rank_job_of_its_size_and_dtype(tmp_path):
+    """xl fp32 misses the grid's targets; its own 2-rank host job's fastest bucket views (not the
+    single-rank proxy's, which is faster still) are quoted in the paragraph and the summary's reason,
+    and without that job both say the 2-GPU run has not been made."""
+    plain, with_host = tmp_path / "plain", tmp_path / "host"
+    for root in (plain, with_host):
+        gpu_grid(root)
+    for job, proxy, world, views_ms in (("host-xl-fp32-ws2", False, 2, 450.0), ("host-xl-fp32-proxy1", True, 1, 300.0)):
+        for variant, bucket, mean in (("none", None, 480.0), ("overlap", None, 530.0), ("bucketed", 1000.0, 520.0),
+                                      ("bucket_view", 25.0, 505.0), ("bucket_view", 1000.0, views_ms),
+                                      ("torch_ddp", 25.0, 500.0)):
+            _host_step(with_host, job, variant, bucket, mean, proxy, world, size="xl", dtype="fp32")
+    a, _ = build(plain / "s", inputs(plain))
+    b, _ = build(with_host / "s", inputs(with_host))
+    missed = {(j["size"], j["dtype"]): j["missed"] for j in b["ddp_jobs"] if j.get("missed")}
+    assert set(missed) == {("xl", "fp32")}
+    v = missed["xl", "fp32"]["views"]
+    assert v["bucket_mb"] == 1000.0 and v["ratio"] == pytest.approx(0.9)
+    assert v["bucketed_ratio"] == pytest.approx(1.04) and v["overlap_ratio"] == pytest.approx(1.06)
+    why = {r["part"]: r.get("why") for r in b["summary"]}["DDP against PyTorch's, xl fp32"]
+    assert why.endswith("in their own 2-rank job they take 0.900× PyTorch's step at 1000 MiB "
+                        "(our bucketed wrapper 1.040×)")
+    text = render(b, tmp_path / "report")
+    assert "bucket views at 1000 MiB, the fastest\nof them, take 0.900× PyTorch DDP's step, our bucketed" in text
+    assert "Their 2-GPU run has not been made." not in text
+    plain_why = {r["part"]: r.get("why") for r in a["summary"]}["DDP against PyTorch's, xl fp32"]
+    assert plain_why.endswith("their 2-GPU run has not been made")
+    assert "Their 2-GPU run has not been made." in render(a, tmp_path / "plain_report")

@@ -43,6 +43,7 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
         host = ddp_steps.is_host(steps)  # the host-overhead jobs: shown apart, never mixed into the grid's
         ctx.update(ddp_steps.jobs(steps[~host], out, ar.get("allreduce_fits")))
         ctx.update(ddp_steps.host_jobs(steps[host], out))
+        _views_for_missed(ctx)
         ctx.update(trace(frame[frame.problem == "ddp_trace"], out))
         ctx.update(trace_against_benchmark(ctx, frame.drop(index=steps.index[host]), out))
     walls = grid_time([p for p in paths if p.suffix == ".tsv"])
@@ -53,6 +54,26 @@ def build(paths: list[Path], out: Path, **_: object) -> dict:
     ctx["limitations"] = [f"The NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs was not run: no "
                           "machine with that many GPUs was lent."] if missing else []
     return ctx
+
+
+def _views_for_missed(ctx: dict) -> None:
+    """A grid job that misses a target gets the bucket views' result of its own 2-rank host job (same
+    size and dtype), which the section and the summary quote."""
+    views = {(h["size"], h["dtype"]): h["views"] | {"job": h}
+             for h in ctx.get("ddp_host_jobs") or [] if not h["proxy"] and (h["world_size"] or 0) > 1 and "views" in h}
+    for j in ctx.get("ddp_jobs") or []:
+        if j.get("missed") and (j["size"], j["dtype"]) in views:
+            j["missed"]["views"] = views[j["size"], j["dtype"]]
+
+
+def _views_said(v: dict | None) -> str:
+    """The bucket views' 2-rank result in words, or that it has not run."""
+    if v is None:
+        return "their 2-GPU run has not been made"
+    said = f"in their own 2-rank job they take {v['ratio']:.3f}× PyTorch's step at {v['bucket_mb']:g} MiB"
+    if "bucketed_ratio" in v:
+        said += f" (our bucketed wrapper {v['bucketed_ratio']:.3f}×)"
+    return said
 
 
 def gloo_environment(frame: pd.DataFrame) -> dict:
@@ -265,5 +286,6 @@ def _summary(ctx: dict) -> list[dict]:
                      "met": bool(b["ok"] and o["ok"]), "ref": "ddp-targets",
                      "why": None if b["ok"] and o["ok"] else "the step is bound by the host, whose hook and launch "
                             "work overlap and bucketing add; on one GPU its profile shows the copies out of the "
-                            "buckets (notes/ddp_host_profile.md), which bucket views remove; their 2-GPU run waits"})
+                            "buckets (notes/ddp_host_profile.md), which bucket views remove; "
+                            + _views_said((j.get("missed") or {}).get("views"))})
     return rows

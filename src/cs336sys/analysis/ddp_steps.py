@@ -300,8 +300,25 @@ def host_jobs(df: pd.DataFrame, out: Path) -> dict:
         world = int(ok["world_size"].iloc[0]) if not ok.empty else (1 if is_proxy else None)
         name = f"ddp_host_{size}_{dtype}_" + ("proxy1" if is_proxy else f"ws{world}")
         result.append({"size": size, "dtype": dtype, "proxy": bool(is_proxy), "world_size": world,
-                       "table": save_table(pd.DataFrame(rows), out, name, digits=2)})
+                       "table": save_table(pd.DataFrame(rows), out, name, digits=2)}
+                      | ({"views": views} if (views := fastest_views(by, default)) else {}))
     return {"ddp_host_jobs": result}
+
+
+def fastest_views(by: dict[str, dict], default: dict | None) -> dict | None:
+    """The fastest bucket-view point of a host job over PyTorch DDP's default in the same job, with our
+    bucketed wrapper at the same bucket size and overlap beside it where they ran."""
+    views = [p for p in by.values() if p["variant"] == "bucket_view"]
+    if default is None or not views:
+        return None
+    best = min(views, key=lambda p: p["mean_ms"])
+    out = {"bucket_mb": best["bucket_mb"], "ratio": best["mean_ms"] / default["mean_ms"]}
+    bucketed = by.get(variant_key("bucketed", best["bucket_mb"]))
+    if bucketed is not None:
+        out["bucketed_ratio"] = bucketed["mean_ms"] / default["mean_ms"]
+    if "overlap" in by:
+        out["overlap_ratio"] = by["overlap"]["mean_ms"] / default["mean_ms"]
+    return out
 
 
 def _sweep_figure(result: list[dict], out: Path) -> str | None:
