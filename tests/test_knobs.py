@@ -84,11 +84,12 @@ def parsed(request):
         rules = [(r.params.problem, r.params.points) for r in wf.snakemake.rules if hasattr(r.params, "points")]
         blocks = {e: set(paths) for e, paths in wf.snakemake.globals["KNOB_BLOCKS"].items()}
         values = wf.snakemake.globals["GRID"]
-    return request.param, rules, blocks, values
+        registered = list(wf.snakemake.globals["EXPERIMENT_JOBS"])
+    return request.param, rules, blocks, values, registered
 
 
 def test_every_point_of_every_grid_is_a_valid_settings_value(parsed):
-    grid, rules, _, _ = parsed
+    grid, rules, _, _, _ = parsed
     assert rules, f"grid {grid}: no experiment rule"
     for problem, points in rules:
         cls = settings_class(problem)
@@ -123,7 +124,7 @@ def _samples(node: dict) -> list:
 
 
 def test_the_grid_schema_agrees_with_the_knobs_it_sets(parsed):
-    grid, _, blocks, _ = parsed
+    grid, _, blocks, _, _ = parsed
     checked = 0
     for experiment, paths in blocks.items():
         hints = typing.get_type_hints(settings_class(experiment))
@@ -155,7 +156,7 @@ def _readers(blocks: dict[str, set[tuple[str, ...]]]) -> dict[tuple[str, ...], s
 
 def test_no_grid_repeats_a_default(parsed):
     """A value the grid gives a knob that equals its dataclass default is written twice: leave it out."""
-    grid, _, blocks, values = parsed
+    grid, _, blocks, values, _ = parsed
     main = grid_of(load_config(REPO, {"grid": "main"}))  # a default that overrides main's value is needed
     repeated = []
     for path, experiments in _readers(blocks).items():
@@ -170,7 +171,7 @@ def test_no_grid_repeats_a_default(parsed):
 
 def test_the_schema_requires_no_knob_that_has_a_default(parsed):
     """The schema's `required` lists follow from the dataclasses: a knob with a default is optional."""
-    _, _, blocks, _ = parsed
+    _, _, blocks, _, _ = parsed
     wrong = []
     for path, experiments in _readers(blocks).items():
         for key in _schema_node(path).get("required", []):
@@ -179,3 +180,31 @@ def test_the_schema_requires_no_knob_that_has_a_default(parsed):
                 wrong.append(f"{'.'.join(path)}.{key} ({', '.join(sorted(experiments))})")
     assert not wrong, "required in the grid schema, though every experiment reading it has a default:\n" + \
         "\n".join(wrong)
+
+
+def _names(node) -> set[str]:
+    """Every key and string value anywhere in a grid block or a list of points."""
+    if isinstance(node, dict):
+        return set(node) | {n for v in node.values() for n in _names(v)}
+    if isinstance(node, list | tuple):
+        return {n for v in node for n in _names(v)}
+    return {node} if isinstance(node, str) else set()
+
+
+def test_job_names_have_one_separator_and_results_sit_under_their_experiment_and_job(parsed):
+    """A job's name joins its parts with `-` only: `_` appears only inside one part that is itself a name
+    from the grid or the job's points (an implementation, a job named in the config), never between
+    parts. Its results lie under results/<experiment>/, and a named job's under results/<experiment>/<job>
+    (a folder or a file stem), so a path says which experiment and job made it."""
+    grid, _, _, values, registered = parsed
+    given = _names(values)
+    for j in registered:
+        for part in j.job.split("-") if j.job else []:
+            assert part and all(c.isalnum() or c in "._" for c in part), (grid, j.job)
+            assert "_" not in part or part in given | _names(j.points), (
+                f"grid {grid}: job {j.job!r} of {j.experiment} joins parts with '_' ({part!r})")
+        for path in j.results:
+            assert path.startswith(f"results/{j.experiment}/"), (grid, j.rule, path)
+            if j.job:
+                assert path.startswith((f"results/{j.experiment}/{j.job}/", f"results/{j.experiment}/{j.job}.json")), (
+                    grid, j.rule, path)
