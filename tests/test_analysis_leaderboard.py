@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys.analysis import leaderboard, leaderboard_kernels
+from cs336sys.analysis.context import as_json
 from cs336sys.report import render_markdown
 from cs336sys.results import read_result, write_json_atomic, write_result
 from cs336sys.sizes import get_size, train_step_flops
@@ -45,10 +46,10 @@ def _point(root: Path, name: str, step_ms: float | None, status: str = "ok", job
     return path
 
 
-def _render(ctx: dict, tmp: Path) -> str:
+def _render(ctx: leaderboard.LeaderboardContext, tmp: Path) -> str:
     section = tmp / "sections" / "leaderboard"
     section.mkdir(parents=True, exist_ok=True)
-    (section / "context.json").write_text(json.dumps(ctx | {"result_counts": {}}))
+    (section / "context.json").write_text(json.dumps(as_json(ctx) | {"result_counts": {}}))
     text = render_markdown([section], TEMPLATES, tmp / "writeup" / "report.md")
     assert lint.problems(text) == []
     return text[text.index("The 8B training-step leaderboard\n"):]
@@ -75,20 +76,20 @@ def test_targets_met_ablation_and_an_out_of_memory_config(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(paths, out, **GRID)
-    v = ctx["verdict"]
+    v = ctx.verdict
     assert v["step_s"] == pytest.approx(ours_ms / 1e3) and v["step_ok"]
     assert v["speedup"] == pytest.approx(base_ms / ours_ms) and v["speedup_ok"] and v["wall_ok"]
-    assert v["over_floor"] == pytest.approx(ours_ms / 1e3 / ctx["floor_s"])
-    assert v["job"] == "main" and ctx["not_ok"] == ["ablation/ours_sdpa: oom (oom)"]
-    assert "| 0.950 |" in ctx["tables"]["ablation"] and "keep gathered params" in ctx["tables"]["ablation"]
+    assert v["over_floor"] == pytest.approx(ours_ms / 1e3 / ctx.floor_s)
+    assert v["job"] == "main" and ctx.not_ok == ["ablation/ours_sdpa: oom (oom)"]
+    assert "| 0.950 |" in ctx.tables["ablation"] and "keep gathered params" in ctx.tables["ablation"]
     assert (out / "steps.csv").is_file() and (out / "phases.csv").is_file()
     text = _render(ctx, tmp_path / "report")
     assert "within the 5.0 s target" in text and "(target 1.35×)" in text
     assert "What each change buys" in text and "ablation/ours_sdpa: oom" in text and "NVIDIA H200" in text
     assert f"in job `main`: {ours_ms / 1e3:.3f} s against {base_ms / 1e3:.3f} s" in text
-    assert ctx["entry"]["config"] == "ours_keep_gathered"  # the fastest config with our own kernels
-    assert [r["met"] for r in ctx["summary"][:2]] == [True, True]
-    steps = ctx["tables"]["steps"].splitlines()[2:]
+    assert ctx.entry["config"] == "ours_keep_gathered"  # the fastest config with our own kernels
+    assert [r["met"] for r in ctx.summary[:2]] == [True, True]
+    steps = ctx.tables["steps"].splitlines()[2:]
     assert [tuple(c.strip() for c in line.split("|")[1:3]) for line in steps] == [
         ("main", "pytorch_parts"), ("main", "ours"), ("ablation", "ours"), ("ablation", "ours_keep_gathered"),
         ("ablation", "ours_sdpa")]
@@ -99,19 +100,19 @@ def test_targets_missed_are_said_so(tmp_path):
     paths = [_point(tmp_path, "pytorch_parts", ours_ms * 1.1, variant="pytorch_parts"),
              _point(tmp_path, "ours", ours_ms)]
     ctx = leaderboard.build(paths, tmp_path, **GRID)
-    assert not ctx["verdict"]["step_ok"] and not ctx["verdict"]["speedup_ok"]
+    assert not ctx.verdict["step_ok"] and not ctx.verdict["speedup_ok"]
     text = _render(ctx, tmp_path / "report")
     assert "over the 5.0 s target" in text and "(target 1.35×)" in text
-    assert "best" not in ctx  # ours is the only config of ours: nothing faster to report
-    assert [r["met"] for r in ctx["summary"]] == [False, False] and "Targets missed" in text
+    assert "best" not in as_json(ctx)  # ours is the only config of ours: nothing faster to report
+    assert [r["met"] for r in ctx.summary] == [False, False] and "Targets missed" in text
 
 
 def test_the_summary_and_limitations_name_the_host_the_results_ran_on(tmp_path):
     gpu = [_point(tmp_path / "gpu", "pytorch_parts", 6000.0, variant="pytorch_parts"),
            _point(tmp_path / "gpu", "ours", 5500.0)]
     ctx = leaderboard.build(gpu, tmp_path / "gpu", **GRID)
-    assert ctx["summary"][0]["part"] == "8B training step, our entry (2× H200)"
-    assert "timed on 2 H200s, the only GPUs lent" in ctx["limitations"][0]
+    assert ctx.summary[0]["part"] == "8B training step, our entry (2× H200)"
+    assert "timed on 2 H200s, the only GPUs lent" in ctx.limitations[0]
     # the smoke grid: a tiny model as gloo processes on the CPU
     tiny = {"size": "tiny", "context_length": 32}
     cpu = [_point(tmp_path / "cpu", "pytorch_parts", 60.0, variant="pytorch_parts", **tiny),
@@ -121,10 +122,10 @@ def test_the_summary_and_limitations_name_the_host_the_results_ran_on(tmp_path):
         r["env"].update(gpu=None, gpus=[], device="cpu", cuda=None, gpu_count=0, backend="gloo")
         write_json_atomic(path, r)
     ctx = leaderboard.build(cpu, tmp_path / "cpu", **(GRID | tiny))
-    assert [r["part"] for r in ctx["summary"]] == ["tiny training step, our entry (CPU, 2 gloo processes)",
-                                                    "tiny step against PyTorch's parts (same job)"]
-    assert "H200" not in json.dumps(ctx["summary"]) + " ".join(ctx["limitations"])
-    assert "timed on the CPU (2 gloo processes): a check of the pipeline" in ctx["limitations"][0]
+    assert [r["part"] for r in ctx.summary] == ["tiny training step, our entry (CPU, 2 gloo processes)",
+                                                 "tiny step against PyTorch's parts (same job)"]
+    assert "H200" not in json.dumps(ctx.summary) + " ".join(ctx.limitations)
+    assert "timed on the CPU (2 gloo processes): a check of the pipeline" in ctx.limitations[0]
 
 
 def test_a_job_without_ours_gives_the_best_config_and_the_gap(tmp_path):
@@ -147,22 +148,22 @@ def test_a_job_without_ours_gives_the_best_config_and_the_gap(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(paths, out, **grid)
-    v, b, g = ctx["verdict"], ctx["best"], ctx["gap"]
+    v, b, g = ctx.verdict, ctx.best, ctx.gap
     assert v["job"] == "main" and v["config"] == "ours" and v["speedup"] == pytest.approx(base_ms / ours_ms)
     assert not v["speedup_ok"] and v["to_target_s"] == pytest.approx(ours_ms / 1e3 - 5.0)
     assert b["job"] == "best" and b["config"] == "ours_fast"
     assert b["speedup"] == pytest.approx(base_ms * 1.01 / best_ms)
     assert b["base_s"] == pytest.approx(base_ms * 1.01 / 1e3)
     assert g["job"] == "main" and g["phases"]["backward"]["diff_ms"] == pytest.approx((ours_ms - base_ms) / 2)
-    assert ctx["largest_change"]["config"] == "ours_sdpa"
-    assert ctx["largest_change"]["change s"] == pytest.approx(-0.12 * ours_ms / 1e3)
-    steps = ctx["tables"]["steps"].splitlines()[2:]
+    assert ctx.largest_change["config"] == "ours_sdpa"
+    assert ctx.largest_change["change s"] == pytest.approx(-0.12 * ours_ms / 1e3)
+    steps = ctx.tables["steps"].splitlines()[2:]
     assert [line.split("|")[1].strip() for line in steps] == ["main", "main", "best", "best", "ablation", "ablation"]
     text = _render(ctx, tmp_path / "report")
     assert "The fastest config of all, `ours_fast`, uses cuDNN's attention" in text and "not an entry" in text
-    assert not b["own_attention"] and ctx["entry"]["config"] == "ours"  # SDPA configs are never the entry
+    assert not b["own_attention"] and ctx.entry["config"] == "ours"  # SDPA configs are never the entry
     assert g["compute_bound"] and "under 5 % of the step: both steps are bound by compute" in text  # 50 ms of ~7 s
-    assert ctx["summary"][-1]["part"].startswith("8B step, fastest ablation")
+    assert ctx.summary[-1]["part"].startswith("8B step, fastest ablation")
 
 
 def test_a_step_whose_communication_is_not_hidden_is_not_called_compute_bound(tmp_path):
@@ -173,7 +174,7 @@ def test_a_step_whose_communication_is_not_hidden_is_not_called_compute_bound(tm
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(paths, out, **GRID)
-    assert ctx["gap"]["compute_bound"] is False and ctx["gap"]["ours_exposed_comm_ms"] == pytest.approx(exposed)
+    assert ctx.gap["compute_bound"] is False and ctx.gap["ours_exposed_comm_ms"] == pytest.approx(exposed)
     text = _render(ctx, tmp_path / "report")
     assert "no compute kernel running" in text and "bound by compute" not in text
 
@@ -217,22 +218,22 @@ def test_kernel_table_and_the_gap_by_family(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(paths + [root / "pytorch_parts", root / "ours"], out, **GRID)
-    k = ctx["gap"]["kernels"]
+    k = ctx.gap["kernels"]
     assert k["attention forward"]["diff_ms"] == pytest.approx(fwd_ours - fwd_base)
     assert k["matmuls"]["ours_ms"] == pytest.approx(mm) and k["matmuls"]["base_ms"] == pytest.approx(mm * 1.1)
     assert k["communication"]["diff_ms"] == pytest.approx(0.0)
-    assert "attn. fwd (s)" in ctx["tables"]["kernels"] and (out / "kernels.csv").is_file()
+    assert "attn. fwd (s)" in ctx.tables["kernels"] and (out / "kernels.csv").is_file()
     text = _render(ctx, tmp_path / "report")
     assert f"| attention forward | {fwd_ours / 1e3:.3f} | {fwd_base / 1e3:.3f} |" in text
 
 
 def test_no_results_prints_the_plan_and_the_floor(tmp_path):
     ctx = leaderboard.build([], tmp_path, **(GRID | {"jobs": {}}))
-    assert "points" not in ctx and ctx["floor_s"] == pytest.approx(
+    assert "points" not in as_json(ctx) and ctx.floor_s == pytest.approx(
         leaderboard.model_flops("8B", 2, 32768)["total"] / (2 * 989.4e12))
     text = _render(ctx, tmp_path / "report")
     assert "No results yet for this section: the leaderboard jobs have not run" in text
-    assert f"takes\n{ctx['floor_s']:.2f} s (the floor)" in text and ctx["summary"] == []
+    assert f"takes\n{ctx.floor_s:.2f} s (the floor)" in text and ctx.summary == []
 
 
 def test_the_section_reads_cleanly_as_a_pdf(tmp_path):
@@ -290,13 +291,13 @@ def test_proxy_results_are_a_table_of_their_own_and_absent_without_them(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(steps + proxies, out, **GRID)
-    assert {(p["job"], p["name"]) for p in ctx["points"]} == {("main", "pytorch_parts"), ("main", "ours")}
-    assert ctx["proxy_layers"] == [12]
-    assert "ours_sdpa_fused_keep_attention" in ctx["tables"]["proxy"]  # the CSV also says what each config runs
+    assert {(p["job"], p["name"]) for p in ctx.points} == {("main", "pytorch_parts"), ("main", "ours")}
+    assert ctx.proxy_layers == [12]
+    assert "ours_sdpa_fused_keep_attention" in ctx.tables["proxy"]  # the CSV also says what each config runs
     assert "attention kept through the checkpoint" in (out / "proxy.csv").read_text()
     text = _render(ctx, tmp_path)
     assert "A one-GPU proxy of the step" in text and "not a leaderboard result" in text
     out2 = tmp_path / "out2"
     out2.mkdir()
     plain = leaderboard.build(steps, out2, **GRID)
-    assert "proxy" not in plain["tables"] and "proxy" not in _render(plain, tmp_path / "plain")
+    assert "proxy" not in plain.tables and "proxy" not in _render(plain, tmp_path / "plain")

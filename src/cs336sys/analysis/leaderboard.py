@@ -18,11 +18,13 @@ attention / 2), forward plus a backward of twice the forward.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame, save_table
+from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.formatting import mean_std
 from cs336sys.analysis.leaderboard_judgement import (
     TARGET_SPEEDUP,
@@ -32,6 +34,7 @@ from cs336sys.analysis.leaderboard_judgement import (
     best_point,
     entry_point,
     gap_to_baseline,
+    headline_rows,
     own_attention,
     verdict_of,
 )
@@ -42,6 +45,57 @@ from cs336sys.units import GIB
 
 VARIANT_LABEL = {"ours": "ours", "pytorch_parts": "PyTorch's parts"}
 PHASES = ("forward", "backward", "sync", "optimizer_step")
+
+
+@dataclass
+class LeaderboardContext(SectionContext):
+    world_size: int = 2
+    """(25) GPUs (ranks) of the step, from the config."""
+    compute_dtype: str = "bf16"
+    """(25) The step's compute dtype, from the config."""
+    peak_tflops: float | None = None
+    """(25) One GPU's datasheet dense peak (TFLOP/s) for the floor and MFU; None on the smoke grid's CPU."""
+    jobs: dict[str, list[str]] = field(default_factory=dict)
+    """(25) Job -> its configs, in the config's order (`leaderboard.jobs`)."""
+    flash_tuned_at: dict | None = None
+    """(25) The attention shape our FlashAttention was tuned at: {"d", "seq"}."""
+    configs: dict[str, str] = field(default_factory=dict)
+    """(25) Config -> its settings that differ from ours' defaults, in words."""
+    targets: dict[str, float] = field(default_factory=lambda: {
+        "step_s": TARGET_STEP_S, "speedup": TARGET_SPEEDUP, "wall_s": TARGET_WALL_S})
+    """(25) The targets: step seconds, speedup over PyTorch's parts, wall seconds of the timing run."""
+    model: dict | None = None
+    """(25) The model's shape and FLOPs per step (PFLOP: total, dense, causal attention)."""
+    floor_s: float | None = None
+    """(25) The step's FLOP floor (s) at the datasheet peak; None without a peak."""
+    target_mfu: float | None = None
+    """(25) The share of the peak that the step target asks for."""
+    proxy_layers: list[int] | None = None
+    """(25) The layer counts of the one-GPU proxy's results (not leaderboard results)."""
+    limitations: list[str] = field(default_factory=list)
+    """(25) Lines for the report's limitations: what the step was timed on, against the leaderboard's B200s."""
+    points: list[dict] | None = None
+    """(25) Every step result as a row: config, status, setup, host, step, peak, TFLOP/s, MFU, phases."""
+    kernels: list[dict] | None = None
+    """(25) Each profiled config's kernel milliseconds by family."""
+    verdict: dict | None = None
+    """(25) `ours` as built against the targets, the floor and PyTorch's parts in the same job."""
+    gap: dict | None = None
+    """(25) Where ours loses to PyTorch's parts in the verdict's job: phases, exposed collectives, kernels."""
+    best: dict | None = None
+    """(25) The fastest config of ours beside PyTorch's parts, when not `ours`, and whether its attention is ours."""
+    entry: dict | None = None
+    """(25) Our entry: the fastest config with only our own kernels, against the targets and its job's baseline."""
+    largest_change: dict | None = None
+    """(25, ablation) The ablation row whose change saves the most time against `ours`."""
+    reference: dict | None = None
+    """(25) The public best set against ours by the share of each GPU's peak; None without a peak."""
+    not_ok: list[str] | None = None
+    """(25) "job/config: status (reason)" of each point that did not run to completion."""
+    job_wall_s: dict[str, float] | None = None
+    """(25) Job -> its wall seconds (Snakemake's timing records)."""
+    summary: list[dict] = field(default_factory=list)
+    """The section's lines of the report's summary page."""
 
 
 def model_flops(size: str, batch: int, context: int) -> dict[str, float]:
@@ -152,9 +206,9 @@ def _reference(reference: dict | None, flops: float | None, world_size: int, pea
     return out
 
 
-def _why(ctx: dict) -> str | None:
+def _why(ctx: LeaderboardContext) -> str | None:
     """The largest kernel-family loss of ours against PyTorch's parts, in words (from the profiled steps)."""
-    kernels = (ctx.get("gap") or {}).get("kernels")
+    kernels = (ctx.gap or {}).get("kernels")
     if not kernels:
         return None
     attention = sum(kernels.get(f, {}).get("diff_ms", 0.0) for f in ("attention forward", "attention backward"))
@@ -164,21 +218,21 @@ def _why(ctx: dict) -> str | None:
     return f"{family} takes {k['diff_ms'] / 1e3:.2f} s longer per step than in PyTorch's parts"
 
 
-def _summary(ctx: dict) -> list[dict]:
+def _summary(ctx: LeaderboardContext) -> list[dict]:
     rows = []
-    e, t = ctx.get("entry"), ctx["targets"]
-    size = (ctx.get("model") or {}).get("size", "8B")
+    e, t = ctx.entry, ctx.targets
+    size = (ctx.model or {}).get("size", "8B")
     if e is not None:
         rows.append({"part": f"{size} training step, our entry ({e['host']})",
                      "result": f"{e['step_s']:.2f} s per step (`{e['config']}`)", "target": f"≤ {t['step_s']:.1f} s",
                      "met": e["step_ok"], "ref": "lb-entry", "why": None if e["step_ok"] else _why(ctx)})
-    v = ctx.get("verdict")
+    v = ctx.verdict
     if v is not None and "speedup" in v:
         rows.append({"part": f"{size} step against PyTorch's parts (same job)",
                      "result": f"{v['speedup']:.2f}× their speed (`{v['config']}` {v['step_s']:.2f} s, "
                                f"theirs {v['base_s']:.2f} s)",
                      "target": f"≥ {t['speedup']:.2f}×", "met": v["speedup_ok"], "ref": "lb-entry"})
-    b = ctx.get("best")
+    b = ctx.best
     if b is not None and "speedup" in b:
         rows.append({"part": f"{size} step, fastest ablation (cuDNN attention: not an entry)",
                      "result": f"{b['step_s']:.2f} s, {b['speedup']:.2f}× PyTorch's parts", "target": None,
@@ -189,82 +243,77 @@ def _summary(ctx: dict) -> list[dict]:
 def build(paths: list[Path], out: Path, size: str | None = None, context_length: int | None = None,
           world_size: int = 2, compute_dtype: str = "bf16", peak_tflops: float | None = None,
           configs: dict | None = None, jobs: dict | None = None, flash_tuned_at: dict | None = None,
-          reference: dict | None = None, **_: object) -> dict:
+          reference: dict | None = None, **_: object) -> LeaderboardContext:
     """The section's context: the plan and the floor from the config, then from the results every point,
     the verdict and the gap to PyTorch's parts, the best and our entry, the ablation, the public reference."""
     frame = results_frame(paths)
-    ctx: dict = {"env": environment_summary(frame), "tables": {}, "world_size": world_size,
-                 "compute_dtype": compute_dtype, "peak_tflops": peak_tflops, "jobs": dict(jobs or {}),
-                 "flash_tuned_at": flash_tuned_at,
-                 "configs": {name: _describe(c) for name, c in (configs or {}).items()},
-                 "targets": {"step_s": TARGET_STEP_S, "speedup": TARGET_SPEEDUP, "wall_s": TARGET_WALL_S}}
+    ctx = LeaderboardContext(env=environment_summary(frame), world_size=world_size, compute_dtype=compute_dtype,
+                             peak_tflops=peak_tflops, jobs=dict(jobs or {}), flash_tuned_at=flash_tuned_at,
+                             configs={name: _describe(c) for name, c in (configs or {}).items()})
     if size is not None and context_length is not None:
         _model(ctx, size, context_length, world_size, peak_tflops)
     results = _read_results(paths, ctx, out)
-    ctx["limitations"] = []
     if not results:
-        ctx["summary"] = []
         return ctx
     hosts = {h["plural"]: h["gpu"] for h in (_host(r.get("env") or {}, world_size) for _, _, r in results)}
-    ctx["limitations"].append(
+    ctx.limitations.append(
         f"The leaderboard runs on two B200s; the step here was timed on {' and '.join(hosts)}"
         + (", the only GPUs lent (the public best is set against ours by the share of each GPU's datasheet peak "
            "that a step reaches)." if all(hosts.values()) else ": a check of the pipeline, not a timing."))
     rows, phases = [], []
-    for job, name, r in _in_job_order(results, ctx["jobs"]):
+    for job, name, r in _in_job_order(results, ctx.jobs):
         row, row_phases = _row(job, name, r, world_size, peak_tflops)
         rows.append(row)
         phases += row_phases
-    ctx["points"] = rows
+    ctx.points = rows
     _point_tables(ctx, rows, phases, out)
     found = kernels(paths, rows)
     if found:
-        ctx["kernels"] = found
-        ctx["tables"]["kernels"] = kernels_table(found, out)
-    verdict, best, entry = _judge(ctx, rows, found, out)
-    head = _headline(rows, verdict, entry, best)
+        ctx.kernels = found
+        ctx.tables["kernels"] = kernels_table(found, out)
+    _judge(ctx, rows, found, out)
+    head = headline_rows(rows, ctx.verdict, ctx.entry, ctx.best)
     if head:
-        ctx["tables"]["entry"] = save_table(pd.DataFrame(head), out, "entry", digits=2)
+        ctx.tables["entry"] = save_table(pd.DataFrame(head), out, "entry", digits=2)
     _ablation_table(ctx, rows, out)
     flops = model_flops(size, world_size, context_length)["total"] if size and context_length else None
-    ref = _reference(reference, flops, world_size, peak_tflops, entry)
-    if ref is not None:
-        ctx["reference"] = ref
-    ctx["not_ok"] = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
+    ctx.reference = _reference(reference, flops, world_size, peak_tflops, ctx.entry)
+    ctx.not_ok = [f"{r['job']}/{r['name']}: {r['status']}" + (f" ({r['reason']})" if r["reason"] else "")
                      for r in rows if r["status"] != "ok"]
     walls = [p for p in paths if p.suffix == ".tsv"]
     if walls:
-        ctx["job_wall_s"] = {p.stem: read_benchmark_tsv(p) for p in walls}
-    ctx["summary"] = _summary(ctx)
+        ctx.job_wall_s = {p.stem: read_benchmark_tsv(p) for p in walls}
+    ctx.summary = _summary(ctx)
     return ctx
 
 
-def _model(ctx: dict, size: str, context_length: int, world_size: int, peak_tflops: float | None) -> None:
+def _model(ctx: LeaderboardContext, size: str, context_length: int, world_size: int,
+           peak_tflops: float | None) -> None:
     """The model's shape and FLOPs per step (one sample per rank), and where a peak is known the FLOP
     floor of the step and the MFU the target asks for."""
     s = get_size(size)
     flops = model_flops(size, world_size, context_length)
-    ctx["model"] = {"size": size, "context_length": context_length, "batch": world_size,
-                    "d_model": s.d_model, "d_ff": s.d_ff, "layers": s.num_layers, "heads": s.num_heads,
-                    "vocab": s.vocab_size,
-                    "parameters_b": (flops["dense_params"] + s.vocab_size * s.d_model) / 1e9,  # + embedding
-                    "flops_pf": flops["total"] / 1e15, "dense_pf": flops["dense"] / 1e15,
-                    "attention_pf": flops["attention"] / 1e15}
+    ctx.model = {"size": size, "context_length": context_length, "batch": world_size,
+                 "d_model": s.d_model, "d_ff": s.d_ff, "layers": s.num_layers, "heads": s.num_heads,
+                 "vocab": s.vocab_size,
+                 "parameters_b": (flops["dense_params"] + s.vocab_size * s.d_model) / 1e9,  # + embedding
+                 "flops_pf": flops["total"] / 1e15, "dense_pf": flops["dense"] / 1e15,
+                 "attention_pf": flops["attention"] / 1e15}
     if peak_tflops:
-        ctx["floor_s"] = flops["total"] / (world_size * peak_tflops * 1e12)
-        ctx["target_mfu"] = ctx["floor_s"] / TARGET_STEP_S
+        ctx.floor_s = flops["total"] / (world_size * peak_tflops * 1e12)
+        ctx.target_mfu = ctx.floor_s / TARGET_STEP_S
 
 
-def _read_results(paths: list[Path], ctx: dict, out: Path) -> list[tuple[str, str, dict]]:
+def _read_results(paths: list[Path], ctx: LeaderboardContext, out: Path) -> list[tuple[str, str, dict]]:
     """The step results as (job, config, result) (results/leaderboard_step/<job>/<config>.json); the
     proxy's (results/leaderboard_proxy/<config>.json) go straight into their table."""
     read = [(p, read_result(p)) for p in sorted(paths) if p.suffix == ".json"]
     results = [(p.parent.name, p.stem, r) for p, r in read if r.get("problem") == "leaderboard_step"]
     proxies = [(p.stem, r) for p, r in read if r.get("problem") == "leaderboard_proxy"]
     if proxies:
-        ctx["proxy_layers"] = sorted({r["settings"]["num_layers"] for _, r in proxies})
+        ctx.proxy_layers = sorted({r["settings"]["num_layers"] for _, r in proxies})
         proxy = _proxy_table(proxies)  # the printed table names each config; its CSV also says what each runs
-        ctx["tables"]["proxy"] = save_table(proxy.drop(columns="setup"), out, "proxy", digits=2, data=proxy)
+        ctx.tables["proxy"] = save_table(proxy.drop(columns="setup"), out, "proxy", digits=2, data=proxy)
     return results
 
 
@@ -276,76 +325,46 @@ def _in_job_order(results: list[tuple[str, str, dict]], jobs: dict) -> list[tupl
                                           jobs.get(t[0], []).index(t[1]) if t[1] in jobs.get(t[0], []) else 99))
 
 
-def _point_tables(ctx: dict, rows: list[dict], phases: list[dict], out: Path) -> None:
+def _point_tables(ctx: LeaderboardContext, rows: list[dict], phases: list[dict], out: Path) -> None:
     """Every point (for the appendix), the configurations and the phases of each profiled step."""
-    ctx["tables"]["steps"] = save_table(pd.DataFrame([
+    ctx.tables["steps"] = save_table(pd.DataFrame([
         {"job": r["job"], "config": r["name"],
          "step (s)": mean_std(r["step_s"], r["std_s"], 3) if "step_s" in r else r["status"],
          "do_bench (s)": r.get("do_bench_s"), "peak (GiB/GPU)": r.get("peak_gib"),
          "MFU (%)": 100 * r["mfu"] if r.get("mfu") is not None else None, "wall (s)": r.get("wall_s")}
         for r in rows]), out, "steps", digits=2)
-    ctx["tables"]["configs"] = save_table(pd.DataFrame(
-        [{"config": name, "setup": setup} for name, setup in ctx["configs"].items()]), out, "configs")
+    ctx.tables["configs"] = save_table(pd.DataFrame(
+        [{"config": name, "setup": setup} for name, setup in ctx.configs.items()]), out, "configs")
     if phases:
-        ctx["tables"]["phases"] = save_table(pd.DataFrame(phases).rename(
+        ctx.tables["phases"] = save_table(pd.DataFrame(phases).rename(
             columns={"device ms": "device (ms)", "host ms": "host (ms)"}), out, "phases", digits=1)
 
 
-def _judge(ctx: dict, rows: list[dict], found: list[dict], out: Path) -> tuple[dict | None, dict | None, dict | None]:
+def _judge(ctx: LeaderboardContext, rows: list[dict], found: list[dict], out: Path) -> None:
     """The verdict on ours against PyTorch's parts with the gap between them (kernel family by family
     where both were profiled), the best point and our entry; each into the context where it exists."""
-    verdict = verdict_of(rows, ctx.get("floor_s"))
+    ctx.verdict = verdict = verdict_of(rows, ctx.floor_s)
     if verdict is not None:
-        ctx["verdict"] = verdict
         gap = gap_to_baseline(rows, verdict)
         if gap is not None:
             by_family = kernel_gap(found, verdict)
             if by_family is not None:
                 gap["kernels"] = by_family
-                ctx["tables"]["kernel_gap"] = kernel_gap_table(by_family, out)
-            ctx["gap"] = gap
-    best = best_point(rows, ctx.get("floor_s"))
+                ctx.tables["kernel_gap"] = kernel_gap_table(by_family, out)
+            ctx.gap = gap
+    ctx.best = best = best_point(rows, ctx.floor_s)
     if best is not None:
-        ctx["best"] = best
         best["own_attention"] = own_attention(next(r for r in rows if r["job"] == best["job"]
                                                     and r["name"] == best["config"]))
-    entry = entry_point(rows, ctx.get("floor_s"))
-    if entry is not None:
-        ctx["entry"] = entry
-    return verdict, best, entry
+    ctx.entry = entry_point(rows, ctx.floor_s)
 
 
-def _headline(rows: list[dict], verdict: dict | None, entry: dict | None, best: dict | None) -> list[dict]:
-    """The headline table's rows: PyTorch's parts and ours as built (one job), our entry, the fastest
-    ablation; each once, each against PyTorch's parts in its own job."""
-    picks = []
-    for pick, role in ((verdict and ("main", "pytorch_parts"), "baseline"),
-                       (verdict and (verdict["job"], verdict["config"]), "ours as built"),
-                       (entry and (entry["job"], entry["config"]), "our entry"),
-                       (best and (best["job"], best["config"]), "ablation, cuDNN attention")):
-        if pick and not any(p[0] == pick for p in picks):
-            picks.append((pick, role))
-    if verdict is not None:
-        picks[0] = ((verdict["job"], "pytorch_parts"), picks[0][1])
-    head = []
-    for (job, name), role in picks:
-        r = next((r for r in rows if r["job"] == job and r["name"] == name and r["status"] == "ok"), None)
-        if r is None:
-            continue
-        base = next((b for b in rows if b["job"] == job and b["variant"] == "pytorch_parts" and b["status"] == "ok"),
-                    None)
-        head.append({"config": name, "role": role, "step (s)": r["step_s"],
-                     "× PyTorch's parts": f"{base['step_s'] / r['step_s']:.3f}" if base else "not in its job",
-                     "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None})
-    return head
-
-
-def _ablation_table(ctx: dict, rows: list[dict], out: Path) -> None:
+def _ablation_table(ctx: LeaderboardContext, rows: list[dict], out: Path) -> None:
     """Every other config of ours against `ours` in the same job, and the largest change among them."""
     ablation = ablation_rows(rows)
     if ablation:
-        ctx["largest_change"] = min(ablation, key=lambda a: a["change s"])
-        ctx["tables"]["ablation"] = save_table(pd.DataFrame(
+        ctx.largest_change = min(ablation, key=lambda a: a["change s"])
+        ctx.tables["ablation"] = save_table(pd.DataFrame(
             [{"job": a["job"], "config": a["config"], "what changes": a["settings"],
               "step (s)": a["step s"], "change (s)": a["change s"], "× ours": a["vs ours"].rstrip("×"),
               "peak (GiB/GPU)": a["peak GiB/GPU"]} for a in ablation]), out, "ablation", digits=3)

@@ -1,6 +1,6 @@
 """The leaderboard section's judgements across its points: each of ours against PyTorch's parts in its
 own job and against the targets, the verdict on ours as built and the gap, the best point and our
-entry, the ablation of each optimisation."""
+entry, the ablation of each optimisation, the headline table's rows."""
 
 from __future__ import annotations
 
@@ -110,3 +110,28 @@ def entry_point(rows: list[dict], floor_s: float | None) -> dict | None:
     out["mfu"] = entry.get("mfu")
     out["host"] = entry["host"]["label"]
     return out
+
+
+def headline_rows(rows: list[dict], verdict: dict | None, entry: dict | None, best: dict | None) -> list[dict]:
+    """The headline table's rows: PyTorch's parts and ours as built (one job), our entry, the fastest
+    ablation; each once, each against PyTorch's parts in its own job."""
+    picks = []
+    for pick, role in ((verdict and ("main", "pytorch_parts"), "baseline"),
+                       (verdict and (verdict["job"], verdict["config"]), "ours as built"),
+                       (entry and (entry["job"], entry["config"]), "our entry"),
+                       (best and (best["job"], best["config"]), "ablation, cuDNN attention")):
+        if pick and not any(p[0] == pick for p in picks):
+            picks.append((pick, role))
+    if verdict is not None:
+        picks[0] = ((verdict["job"], "pytorch_parts"), picks[0][1])
+    head = []
+    for (job, name), role in picks:
+        r = next((r for r in rows if r["job"] == job and r["name"] == name and r["status"] == "ok"), None)
+        if r is None:
+            continue
+        base = next((b for b in rows if b["job"] == job and b["variant"] == "pytorch_parts" and b["status"] == "ok"),
+                    None)
+        head.append({"config": name, "role": role, "step (s)": r["step_s"],
+                     "× PyTorch's parts": f"{base['step_s'] / r['step_s']:.3f}" if base else "not in its job",
+                     "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None})
+    return head
