@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys.analysis import attention
+from cs336sys.analysis.context import as_json
 from cs336sys.report import render_section
 from cs336sys.results import read_result
 from cs336sys.writeup import lint
@@ -31,12 +32,12 @@ def test_the_sdpa_backend_is_the_one_each_point_ran(built):
     paths, ctx = built
     ran = {read_result(p)["metrics"]["sdpa_backend"] for p in paths
            if "flash_benchmarking/sdpa-bf16" in p.as_posix() and read_result(p)["status"] == "ok"}
-    assert ctx["sdpa_backends"]["bf16"] == ", ".join(sorted(ran))
+    assert ctx.sdpa_backends["bf16"] == ", ".join(sorted(ran))
 
 
 def test_forward_backward_and_both_each_have_a_table(built):
     _, ctx = built
-    assert {"bf16 forward", "bf16 backward", "bf16 fwd+bwd"} <= set(ctx["flash_tables"])
+    assert {"bf16 forward", "bf16 backward", "bf16 fwd+bwd"} <= set(ctx.flash_tables)
 
 
 def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes_on_each_gpu(built):
@@ -46,7 +47,7 @@ def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes_on_each_
         if "flash_leaderboard" in p.as_posix():
             r = read_result(p)
             lb[r["settings"]["edition"], r["settings"]["gpu_model"], r["settings"]["impl"]] = r["metrics"]
-    rows = [r for r in ctx["summary"] if r["part"].startswith("Our FlashAttention-2")]
+    rows = [r for r in ctx.summary if r["part"].startswith("Our FlashAttention-2")]
     editions = sorted({edition for edition, _, _ in lb})
     assert [r["part"].rsplit(", ", 1)[1].split()[0] for r in rows] == editions
     for edition, row in zip(editions, rows, strict=True):
@@ -62,19 +63,19 @@ def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes_on_each_
 def test_where_the_time_goes_names_our_split_backward_launches(built):
     _, ctx = built
     for launch in ("dQ", "dK/dV"):
-        assert f"backward_kernel ({launch} programs)" in ctx["lb_kernels"]
+        assert f"backward_kernel ({launch} programs)" in ctx.lb_kernels
 
 
 def test_the_section_and_its_appendix_render_cleanly(built):
     _, ctx = built
-    text = render_section("attention", ctx, TEMPLATES)
+    text = render_section("attention", as_json(ctx), TEMPLATES)
     assert lint.problems(text) == []
     assert "nan" not in text and "flash_benchmarking (a)" in text
 
 
 def test_fp32_sets_ieee_products_beside_tf32_against_sdpa(built):
     paths, ctx = built
-    fp = ctx["flash_fp32_precision"]
+    fp = ctx.flash_fp32_precision
     fwd_bwd = {}
     for p in paths:
         r = read_result(p)

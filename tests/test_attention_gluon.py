@@ -290,11 +290,11 @@ def test_the_section_sets_each_gluon_configuration_against_its_own_cudnn(tmp_pat
 
     from cs336sys.analysis.attention_leaderboard import gluon
 
-    assert gluon(pd.DataFrame(), tmp_path) == {}
+    assert gluon(pd.DataFrame(), tmp_path) is None
     rows = [{"impl": impl, "edition": "2026", "status": "ok", "env.gpu": "NVIDIA H100 80GB HBM3", "fwd_ms": fwd,
              "bwd_ms": bwd, "fwd_bwd_ms": fwd + bwd} for impl, fwd, bwd in
             [("sdpa_cudnn", 10.0, 40.0), ("gluon", 9.0, 60.0), ("gluon_bwd", 9.0, 80.0)]]
-    ctx = gluon(pd.DataFrame(rows), tmp_path)["lb_gluon"]
+    ctx = gluon(pd.DataFrame(rows), tmp_path)
     [edition] = ctx["editions"]
     assert edition["gpu"] == "H100" and edition["ratios"]["gluon"] == {"fwd": 0.9, "bwd": 1.5, "fwd_bwd": 1.38}
     assert edition["ratios"]["gluon_bwd"]["bwd"] == 2.0 and "sdpa_cudnn" not in edition["ratios"]

@@ -5,10 +5,14 @@ against cuDNN timed in the same job."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from cs336sys.analysis.common import save_table
+
+if TYPE_CHECKING:
+    from cs336sys.analysis.attention import AttentionContext
 
 LB_IMPLS = {"ours": "ours (Triton)", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA FlashAttention-2",
             "sdpa_efficient": "SDPA memory-efficient", "naive": "naive PyTorch"}
@@ -67,11 +71,11 @@ GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forwar
                "gluon_bwd": "Gluon forward and backward"}
 
 
-def gluon(df: pd.DataFrame, out: Path) -> dict:
+def gluon(df: pd.DataFrame, out: Path) -> dict | None:
     """The Gluon kernels at the leaderboard shapes against cuDNN timed in the same job: a table and, per
-    (GPU, shape), each Gluon configuration's time over cuDNN's (forward, backward, both)."""
+    (GPU, shape), each Gluon configuration's time over cuDNN's (forward, backward, both); None without any."""
     if df.empty:
-        return {}
+        return None
     df = df.assign(gpu=[gpu_label(r) for _, r in df.iterrows()])
     rows, editions = [], []
     for (gpu, edition), part in df.groupby(["gpu", "edition"], sort=True):
@@ -91,14 +95,14 @@ def gluon(df: pd.DataFrame, out: Path) -> dict:
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
-    return {"lb_gluon": {"table": save_table(table, out, "leaderboard_gluon", digits=3), "editions": editions,
-                         "gpus": sorted(set(df["gpu"]))}}
+    return {"table": save_table(table, out, "leaderboard_gluon", digits=3), "editions": editions,
+            "gpus": sorted(set(df["gpu"]))}
 
 
-def leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
+def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms: dict) -> None:
     """Both leaderboards' attention shapes: forward, backward, both; ours against SDPA's backends."""
     if df.empty:
-        return {}
+        return
     df = df.copy()
     if "edition" not in df:
         df["edition"] = "2025"
@@ -133,8 +137,8 @@ def leaderboard(df: pd.DataFrame, out: Path, reference_ms: dict) -> dict:
         table = table.drop(columns="status")
     # printed: ours against cuDNN and FlashAttention-2; the CSV also has SDPA's other backends
     shown = table[table["implementation"].isin([LB_IMPLS[k] for k in ("ours", "sdpa_cudnn", "sdpa_flash")])]
-    ctx = {"lb_table": save_table(shown, out, "leaderboard", digits=3, data=table), "lb_reference_ms": reference_ms,
-           "lb_editions": editions, "lb_dtype": str(df.iloc[0]["dtype"]), "lb_gpus": sorted(set(df["gpu"]))}
+    ctx.lb_table = save_table(shown, out, "leaderboard", digits=3, data=table)
+    ctx.lb_reference_ms, ctx.lb_editions = reference_ms, editions
+    ctx.lb_dtype, ctx.lb_gpus = str(df.iloc[0]["dtype"]), sorted(set(df["gpu"]))
     if kernel_rows:
-        ctx["lb_kernels"] = save_table(pd.DataFrame(kernel_rows), out, "leaderboard_kernels", digits=3)
-    return ctx
+        ctx.lb_kernels = save_table(pd.DataFrame(kernel_rows), out, "leaderboard_kernels", digits=3)
