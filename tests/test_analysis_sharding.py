@@ -14,6 +14,7 @@ import pytest
 
 from cs336sys.accounting import memory
 from cs336sys.analysis import sharding
+from cs336sys.analysis.context import as_json
 from cs336sys.profiling.timeline import save_summary, summarize_timeline
 from cs336sys.report import render_markdown
 from cs336sys.results import read_result, write_json_atomic, write_result
@@ -34,16 +35,16 @@ def inputs(root: Path) -> list[Path]:
     return results + folders + sorted((root / "benchmarks").rglob("*.tsv"))
 
 
-def build(root: Path, paths: list[Path]) -> tuple[dict, Path]:
+def build(root: Path, paths: list[Path]) -> tuple[sharding.ShardingContext, Path]:
     out = root / "sections" / "sharding"
     out.mkdir(parents=True)
     return sharding.build(paths, out), out
 
 
-def render(ctx: dict, tmp: Path) -> str:
+def render(ctx: sharding.ShardingContext | dict, tmp: Path) -> str:
     section = tmp / "sections" / "sharding"
     section.mkdir(parents=True, exist_ok=True)
-    (section / "context.json").write_text(json.dumps(ctx | {"result_counts": {}}))
+    (section / "context.json").write_text(json.dumps(as_json(ctx) | {"result_counts": {}}))
     text = render_markdown([section], TEMPLATES, tmp / "writeup" / "report.md")
     return text[text.index(" Optimizer state sharding and FSDP\n"):]
 
@@ -52,8 +53,8 @@ def table_widths(text: str) -> list[int]:
     return [len(line.strip().strip("|").split("|")) for line in text.splitlines() if line.startswith("|")]
 
 
-def all_tables(ctx: dict) -> list[str]:
-    return [t for group in ("opt", "fsdp") for info in ctx.get(group, []) for t in info["tables"].values()]
+def all_tables(ctx: sharding.ShardingContext) -> list[str]:
+    return [t for group in (ctx.opt, ctx.fsdp) for info in group or [] for t in info["tables"].values()]
 
 
 def timing(root: Path, stem: str, seconds: float) -> None:
@@ -104,8 +105,8 @@ def cpu_section(cpu_grid):
 
 def test_cpu_memory_is_what_the_accounting_predicts(cpu_section):
     ctx, _ = cpu_section
-    assert ctx["unit"]["name"] == "MiB" and not ctx["env"]["is_gpu"]
-    [o] = ctx["opt"]
+    assert ctx.unit["name"] == "MiB" and not ctx.env["is_gpu"]
+    [o] = ctx.opt
     assert o["world"] == 2 and not o["allocator"] and o["tensors_match"]
     un, sh, zero = (o["variants"][v] for v in ("unsharded", "sharded", "zero"))
     params = sharding.predict(memory.parameter_bytes("ddp"), "tiny", 2) / 2**20
@@ -115,18 +116,18 @@ def test_cpu_memory_is_what_the_accounting_predicts(cpu_section):
         assert sum(r["state"] for r in v["ranks"]) == pytest.approx(un["state"], rel=1e-3)
         assert abs(v["worst_ratio"] - 1) < 0.01 and v["state_max_over_min"] < 1.05
     assert o["communication"]["ours_over_ddp"] == pytest.approx(1.5)
-    assert all(t["ok"] for t in ctx["targets"] if t["target"] == "model_state")
+    assert all(t["ok"] for t in ctx.targets if t["target"] == "model_state")
 
 
 def test_cpu_tables_leave_out_the_allocator_and_have_no_empty_values(cpu_section):
     ctx, out = cpu_section
-    [o] = ctx["opt"]
+    [o] = ctx.opt
     assert set(o["tables"]) == {"breakdown", "prediction", "time"}  # no allocator table on the CPU
     breakdown = o["tables"]["breakdown"]
     assert "tensors (MiB)" in breakdown and "peak (MiB)" not in breakdown and "allocated" not in breakdown
     assert breakdown.count("\n") == 2 + 9  # three variants at three points
     assert "| ours (sharded) | after step |" in breakdown
-    [f] = ctx["fsdp"]
+    [f] = ctx.fsdp
     assert set(f["dtypes"]) == {"fp32", "bf16"} and f["tensors_match"]
     assert "peak (MiB)" not in f["tables"]["time_memory"] and "saving (MiB)" not in f["tables"]["savings"]
     for table in all_tables(ctx):
@@ -136,14 +137,14 @@ def test_cpu_tables_leave_out_the_allocator_and_have_no_empty_values(cpu_section
 
 def test_cpu_trace_finds_the_gathers(cpu_section):
     ctx, out = cpu_section
-    t = ctx["trace"]
+    t = ctx.trace
     assert t["size"] == "tiny" and not t["on_device"] and (out / t["figure"]).stat().st_size > 10_000
     x = t["exposure"]
     assert x["gathers"]["count"] > 0 and x["gathers"]["total_us"] > 0
     assert x["gathers"]["exposed_us"] + x["gathers"]["hidden_us"] == pytest.approx(x["gathers"]["total_us"])
     phases = x["phases"]
     assert set(phases) == {"forward", "backward"} and phases["forward"]["gathers"]["events"] > 1
-    assert ctx["machine_time"]["jobs"] == 3 and ctx["machine_time"]["device_s"] == pytest.approx(2 * 24.0)
+    assert ctx.machine_time["jobs"] == 3 and ctx.machine_time["device_s"] == pytest.approx(2 * 24.0)
 
 
 def test_the_section_renders_from_cpu_results(cpu_section, tmp_path):
@@ -296,9 +297,9 @@ def gpu_section(tmp_path_factory):
 
 def test_gpu_memory_breakdown_and_saving(gpu_section):
     _, ctx, _ = gpu_section
-    assert ctx["unit"]["name"] == "GiB" and ctx["env"]["is_gpu"]
-    assert [o["size"] for o in ctx["opt"]] == ["xl", "2.7B"]  # registry order
-    xl = ctx["opt"][0]
+    assert ctx.unit["name"] == "GiB" and ctx.env["is_gpu"]
+    assert [o["size"] for o in ctx.opt] == ["xl", "2.7B"]  # registry order
+    xl = ctx.opt[0]
     assert xl["allocator"] and xl["tensors_match"]
     breakdown = xl["tables"]["breakdown"]
     assert "allocated (GiB)" in breakdown and "peak − tensors (GiB)" in breakdown
@@ -310,7 +311,7 @@ def test_gpu_memory_breakdown_and_saving(gpu_section):
     # steady state: a later step's backward holds the state, so sharding it lowers that peak by the state saved
     assert xl["saving"]["sharded"]["peak"] == pytest.approx(expected)
     assert un["overall_peak"] == pytest.approx(un["peak"]["before step"] + un["state"])
-    big = ctx["opt"][1]["saving"]
+    big = ctx.opt[1]["saving"]
     assert big["sharded"]["peak"] == pytest.approx(big["expected"])
     assert big["sharded"]["peak_over_expected"] == pytest.approx(1.0)
     assert sh["state_max_over_min"] == pytest.approx(1.01)
@@ -321,13 +322,13 @@ def test_gpu_memory_breakdown_and_saving(gpu_section):
 
 def test_gpu_targets_meet_miss_and_are_not_measured(gpu_section):
     _, ctx, _ = gpu_section
-    by = {(t["target"], t["size"]): t for t in ctx["targets"] if t["target"] != "model_state"}
+    by = {(t["target"], t["size"]): t for t in ctx.targets if t["target"] != "model_state"}
     assert by["sharded_vs_zero", "xl"]["value"] == pytest.approx(1.02) and by["sharded_vs_zero", "xl"]["ok"]
     assert by["sharded_vs_zero", "2.7B"]["status"] == "not measured"  # ZeroRedundancyOptimizer ran out
     assert by["fsdp_vs_fsdp2_bf16", "xl"]["value"] == pytest.approx(690 / 600)
     assert by["fsdp_vs_fsdp2_bf16", "xl"]["status"] == "missed"
     assert by["fsdp_vs_fsdp2_bf16", "2.7B"]["status"] == "not measured"
-    xl = ctx["fsdp"][0]
+    xl = ctx.fsdp[0]
     assert xl["dtypes"]["fp32"]["ours_vs_fsdp2"] == pytest.approx(900 / 700)
     assert xl["baseline"]["source"] == "measured"
     saving = {(s["variant"], s["dtype"]): s["saving"] for s in xl["measured_savings"]}
@@ -356,16 +357,16 @@ def units_section(tmp_path_factory):
 
 def test_block_units_beside_per_layer_and_the_proxy_apart(units_section, tmp_path):
     ctx, _ = units_section
-    [xl] = ctx["fsdp"]
+    [xl] = ctx.fsdp
     assert xl["world"] == 2, "the proxy's points are not part of the two-rank comparison"
     per = xl["dtypes"]["bf16"]
     assert list(per["variants"]) == ["ours", "ours-block", "fsdp2"]
     assert per["ours_vs_fsdp2"] == pytest.approx(690 / 600)
     assert per["units_vs_fsdp2"] == {"block units": pytest.approx(630 / 600)}
     assert "| bf16 | ours, block units | 630.00 |" in xl["tables"]["time_memory"]
-    [target] = [t for t in ctx["targets"] if t["target"] == "fsdp_vs_fsdp2_bf16"]
+    [target] = [t for t in ctx.targets if t["target"] == "fsdp_vs_fsdp2_bf16"]
     assert target["value"] == pytest.approx(630 / 600) and target["ok"] and "block units" in target["what"]
-    table = ctx["fsdp_proxy"]["table"]
+    table = ctx.fsdp_proxy["table"]
     assert "| xl | bf16 | layer | 98 | 800.00 |" in table and "| xl | bf16 | block | 50 | 700.00 |" in table
     text = render(ctx, tmp_path)
     assert "With bf16 compute and block units, ours takes 1.05× FSDP2's step time." in text
@@ -385,12 +386,12 @@ def test_the_proxy_runs_on_one_cpu_rank():
 
 def test_failed_points_show_their_status(gpu_section):
     _, ctx, _ = gpu_section
-    big = ctx["opt"][1]
+    big = ctx.opt[1]
     assert big["statuses"] == {"zero": "oom"}
     assert "| torch ZeRO | oom |" in big["tables"]["time"]
     assert "torch ZeRO" not in big["tables"]["breakdown"]
     assert "÷ torch ZeRO" not in big["tables"]["time"]  # a column of nothing is left out
-    fsdp = ctx["fsdp"][1]
+    fsdp = ctx.fsdp[1]
     assert "| bf16 | FSDP2 | oom |" in fsdp["tables"]["time_memory"]
     assert fsdp["dtypes"]["bf16"]["ours_vs_fsdp2"] is None
 
@@ -415,7 +416,7 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     assert "zero: `oom`" in text and "No ratio: one of the two did not run." in text
     assert "**Yes**: after the first, no layer of the forward waited" in text
     assert "not measured" in text and "✓" in text and "✗" in text
-    assert "of the expected)" in text and (out / ctx["trace"]["figure"]).is_file()
+    assert "of the expected)" in text and (out / ctx.trace["figure"]).is_file()
     assert "Where ours is slower, one difference costs time" in text
     assert "The savings fall short because the two peaks" in text
     assert "n/a" not in text and max(table_widths(text)) <= 9
@@ -460,7 +461,7 @@ def test_a_late_trace_answers_no(tmp_path):
     (tmp_path / "results" / "fsdp_trace" / "ours-bf16").mkdir()
     save_summary(summary, tmp_path / "results" / "fsdp_trace" / "ours-bf16" / "timeline.json")
     ctx, _ = build(tmp_path, inputs(tmp_path))
-    assert "opt" not in ctx and "fsdp" not in ctx
+    assert "opt" not in as_json(ctx) and "fsdp" not in as_json(ctx)
     assert "**No**: after the first, 3 of the forward's 3 gathers" in render(ctx, tmp_path)
 
 
@@ -468,7 +469,7 @@ def test_a_failed_trace_says_so(tmp_path):
     write(tmp_path / "results" / "fsdp_trace" / "ours-bf16.json", "fsdp_trace",
           {"size": "2.7B", "variant": "ours", "compute_dtype": "bf16", "device": "cuda"}, {}, status="oom")
     ctx, _ = build(tmp_path, inputs(tmp_path))
-    assert ctx["trace"] == {"status": "oom"}
+    assert ctx.trace == {"status": "oom"}
     assert "The profiled step did not run: `oom`." in render(ctx, tmp_path)
 
 
@@ -476,7 +477,7 @@ def test_a_failed_trace_says_so(tmp_path):
 
 def test_the_section_builds_from_no_results(tmp_path):
     ctx = sharding.build([], tmp_path)
-    assert ctx["env"] == {} and not {"opt", "fsdp", "trace", "targets"} & set(ctx)
+    assert ctx.env == {} and not {"opt", "fsdp", "trace", "targets"} & set(as_json(ctx))
     text = render(ctx, tmp_path)
     assert "No results yet for this section" in text and "the steady-state peak" not in text
     assert "ShardedOptimizer(params, optimizer_cls, **kwargs)" in text

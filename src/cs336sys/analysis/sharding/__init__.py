@@ -21,6 +21,7 @@ The section's parts: `shared` (variants, targets, units, cells), `optimizer` (sh
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -30,47 +31,76 @@ from cs336sys.accounting import communication as comm
 from cs336sys.accounting import memory, questions
 from cs336sys.accounting.symbols import N, P
 from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame
+from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.sharding.fsdp import fsdp_proxy, fsdp_size, is_proxy
 from cs336sys.analysis.sharding.optimizer import optimizer_size
 from cs336sys.analysis.sharding.shared import STRATEGY, TARGETS, by_size, predict, steady_state_peak, unit_of_bytes
 from cs336sys.analysis.sharding.timeline import forward_gathers_verdict, gather_exposure, trace
 from cs336sys.registry import EXPERIMENTS
 
-__all__ = ["STRATEGY", "build", "forward_gathers_verdict", "gather_exposure", "predict", "steady_state_peak"]
+__all__ = ["STRATEGY", "ShardingContext", "build", "forward_gathers_verdict", "gather_exposure", "predict",
+           "steady_state_peak"]
 
 EXPERIMENT_NAMES = ("sharding_memory", "fsdp_step", "fsdp_trace")
 
 
-def build(paths: list[Path], out: Path, **_: object) -> dict:
+@dataclass
+class ShardingContext(SectionContext):
+    """What the sharding template reads, by part (optimizer_state_sharding_accounting a-c, fsdp_accounting a-b)."""
+
+    figures: dict[str, str] = field(default_factory=dict)
+    """Figure name -> its file (none at the top level: the trace's figure is `trace["figure"]`)."""
+    target_values: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
+    """The sharding issue's targets: step-time ratios' limits and the model state's tolerance (`shared.TARGETS`)."""
+    formulas: dict[str, str] = field(default_factory=dict)
+    """The accounting's per-GPU formulas as inline LaTeX: model state by strategy, its terms, bytes sent per step."""
+    machine_time: dict | None = None
+    """Wall and device seconds of the jobs (Snakemake's timing records), by experiment and in all."""
+    unit: dict | None = None
+    """The section's byte unit, {"name", "bytes"}: GiB, or MiB where every model is smaller than a GiB."""
+    opt: list[dict] | None = None
+    """(optimizer_state_sharding_accounting a-c) Per size, smallest first: memory by variant against the
+    accounting, step times against ZeroRedundancyOptimizer, the saving, the bytes sent, the tables."""
+    fsdp: list[dict] | None = None
+    """(fsdp_accounting a) Per size, smallest first: ours against FSDP2 per compute dtype in time and
+    memory, the accounting's prediction, the expected and measured savings, the tables."""
+    fsdp_allocator: bool | None = None
+    """(fsdp_accounting a) Whether any FSDP point has the allocator's readings (none on the CPU)."""
+    fsdp_proxy: dict | None = None
+    """(fsdp) Our FSDP on one rank, nothing communicated: its table and sizes."""
+    trace: dict | None = None
+    """(fsdp_accounting b) The profiled step: settings and totals (or its status), the gathers' exposure, the figure."""
+    targets: list[dict] | None = None
+    """The targets' records (`shared.target`): model state per variant, step-time ratios, met or missed."""
+    summary: list[dict] | None = None
+    """The section's lines of the report's summary page (the step-time targets that were measured)."""
+
+
+def build(paths: list[Path], out: Path, **_: object) -> ShardingContext:
     """The section's context: environment, formulas, machine time, and where results exist the optimizer
     sharding and FSDP parts per size, the single-rank proxy, the trace, the targets and their summary."""
     frame = results_frame(paths)
-    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}, "target_values": TARGETS,
-                 "formulas": _formulas()}
-    walls = _machine_time(paths, frame)
-    if walls:
-        ctx["machine_time"] = walls
+    ctx = ShardingContext(env=environment_summary(frame), formulas=_formulas(),
+                          machine_time=_machine_time(paths, frame) or None)
     if frame.empty:
         return ctx
     targets: list[dict] = []
-    u = ctx["unit"] = unit_of_bytes(frame)
+    u = ctx.unit = unit_of_bytes(frame)
     shard = frame[frame.problem == "sharding_memory"]
     if not shard.empty:
-        ctx["opt"] = [optimizer_size(size, g, out, targets, u) for size, g in by_size(shard)]
+        ctx.opt = [optimizer_size(size, g, out, targets, u) for size, g in by_size(shard)]
     fsdp = frame[frame.problem == "fsdp_step"]
     proxy = fsdp[is_proxy(fsdp)]
     fsdp = fsdp.drop(index=proxy.index)
     if not fsdp.empty:
-        ctx["fsdp"] = [fsdp_size(size, g, shard, out, targets, u) for size, g in by_size(fsdp)]
-        ctx["fsdp_allocator"] = any(f["allocator"] for f in ctx["fsdp"])
+        ctx.fsdp = [fsdp_size(size, g, shard, out, targets, u) for size, g in by_size(fsdp)]
+        ctx.fsdp_allocator = any(f["allocator"] for f in ctx.fsdp)
     if not proxy.empty:
-        ctx["fsdp_proxy"] = fsdp_proxy(proxy, out)
-    timeline = trace(frame[frame.problem == "fsdp_trace"], paths, out)
-    if timeline:
-        ctx["trace"] = timeline
-    ctx["targets"] = targets
-    ctx["summary"] = [_summary_row(t) for t in targets
-                      if t["target"] in ("sharded_vs_zero", "fsdp_vs_fsdp2_bf16") and t["value"] is not None]
+        ctx.fsdp_proxy = fsdp_proxy(proxy, out)
+    ctx.trace = trace(frame[frame.problem == "fsdp_trace"], paths, out) or None
+    ctx.targets = targets
+    ctx.summary = [_summary_row(t) for t in targets
+                   if t["target"] in ("sharded_vs_zero", "fsdp_vs_fsdp2_bf16") and t["value"] is not None]
     return ctx
 
 
