@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys.analysis import benchmarking
+from cs336sys.analysis.context import as_json
 from cs336sys.report import render_section
 from cs336sys.results import read_result
 from cs336sys.writeup import lint
@@ -40,16 +41,16 @@ def expected_backward(f: dict, fb: dict) -> str:
 
 def test_the_backward_column_is_what_the_results_time(built):
     paths, ctx = built
-    c = ctx["timing_context_main"]
+    c = ctx.timing_context_main
     results = [read_result(p) for p in paths if p.suffix == ".json" and "results/benchmarking/" in p.as_posix()]
     by = {(r["settings"]["size"], r["settings"]["mode"]): r for r in results
           if r["settings"]["context_length"] == c and r["settings"]["dtype"] == "fp32"
           and r["settings"]["compile"] == "eager" and r["status"] == "ok"}
-    row = next(line for line in ctx["tables"]["timing"][str(c)].splitlines() if line.startswith("| 2.7B |"))
+    row = next(line for line in ctx.tables["timing"][str(c)].splitlines() if line.startswith("| 2.7B |"))
     f, fb = by[("2.7B", "forward")]["metrics"], by[("2.7B", "forward_backward")]["metrics"]
     assert expected_backward(f, fb) in row
-    assert ("timed alone" if "phase_ms" in fb else "difference") in ctx["tables"]["timing"][str(c)]
-    low, high = ctx["backward_ratio"]
+    assert ("timed alone" if "phase_ms" in fb else "difference") in ctx.tables["timing"][str(c)]
+    low, high = ctx.backward_ratio
     assert 0 < low <= (fb["mean_ms"] - f["mean_ms"]) / f["mean_ms"] <= high
 
 
@@ -78,23 +79,23 @@ def test_phase_and_busy_times_make_their_columns(built, tmp_path):
         copies.append(q)
     (tmp_path / "out").mkdir()
     ctx = benchmarking.build(copies, tmp_path / "out")
-    assert ctx["backward_timed_alone"] and "backward (ms, timed alone)" in ctx["tables"]["timing"]["512"]
-    assert ctx["host_bound"] and all(p.startswith("small ") for p in ctx["host_bound"])
-    assert "GPU busy (ms)" in ctx["tables_busy"] and ctx["busy_pct_range"][0] == pytest.approx(50)
-    assert any("GPU-busy" in limit for limit in ctx["limitations"])
-    assert lint.problems(render_section("benchmarking", ctx, TEMPLATES)) == []
+    assert ctx.backward_timed_alone and "backward (ms, timed alone)" in ctx.tables["timing"]["512"]
+    assert ctx.host_bound and all(p.startswith("small ") for p in ctx.host_bound)
+    assert "GPU busy (ms)" in ctx.tables_busy and ctx.busy_pct_range[0] == pytest.approx(50)
+    assert any("GPU-busy" in limit for limit in ctx.limitations)
+    assert lint.problems(render_section("benchmarking", as_json(ctx), TEMPLATES)) == []
 
 
 def test_summary_rows_name_their_table_and_come_from_the_results(built):
     _, ctx = built
-    parts = [r["part"] for r in ctx["summary"]]
+    parts = [r["part"] for r in ctx.summary]
     assert parts == ["Best MFU of a train step", "bf16 autocast against fp32", "torch.compile against eager"]
-    assert f"{ctx['best_mfu']['pct']:.1f} %" in ctx["summary"][0]["result"]
-    assert all(r["ref"].startswith("bench-") for r in ctx["summary"])
+    assert f"{ctx.best_mfu['pct']:.1f} %" in ctx.summary[0]["result"]
+    assert all(r["ref"].startswith("bench-") for r in ctx.summary)
 
 
 def test_the_section_and_its_appendix_render_cleanly(built):
     _, ctx = built
-    text = render_section("benchmarking", ctx, TEMPLATES)
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     assert lint.problems(text) == []
     assert "### 1.2 (b) Forward and backward times" in text and "## A Benchmarking: every point" in text

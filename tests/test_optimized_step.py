@@ -170,7 +170,7 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
 
     from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
-    assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) == {}
+    assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) is None
     rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
              "configuration": name, "techniques": techniques, "median_ms": step, "std_ms": std,
              "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
@@ -178,7 +178,7 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
             for name, techniques, fb, step, std in [("fused_adamw", ["fused_adamw"], 100.0, 133.0, 8.0),
                                                     ("plain", [], 100.0, 190.0, 3.0),
                                                     ("cuda_graph", ["fused_adamw", "cuda_graph"], 101.0, 134.0, 0.2)]]
-    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)["optimized"]
+    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)
     # the H100 preset's 3.0 TB/s, not the point's own 2.6: 57.23 + 36.34 ms
     assert ctx["copy_sources"] == ["h100 preset"]
     lines = ctx["table"].splitlines()

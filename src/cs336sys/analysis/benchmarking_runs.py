@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from cs336sys.analysis.common import figure, log_axis, read_benchmark_tsv, save_figure, save_table, size_key, sort_rows
 from cs336sys.analysis.formatting import mean_std
 
+if TYPE_CHECKING:
+    from cs336sys.analysis.benchmarking import BenchmarkingContext
+
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
 
-def warmup(warm: pd.DataFrame, out: Path) -> dict:
-    """Cold start: each size's step times in a fresh process, the mean and spread after each number of
-    warm-up steps (a table and a figure), the first step against the settled one."""
+def warmup(ctx: BenchmarkingContext, warm: pd.DataFrame, out: Path) -> None:
+    """benchmarking_script (c), cold start: each size's step times in a fresh process, the mean and spread
+    after each number of warm-up steps (a table and a figure), the first step against the settled one."""
     ok = warm[warm.status == "ok"] if not warm.empty else warm
     if ok.empty:
-        return {}
+        return
     rows, ratios = [], {}
     for _, r in ok.iterrows():
         steps, n = r["step_ms"], int(r["measured_steps"])
@@ -36,7 +40,7 @@ def warmup(warm: pd.DataFrame, out: Path) -> dict:
     wide.columns.name = None
     wide = wide.sort_values(["size", "mode"], key=lambda c: size_key(c) if c.name == "size" else
                             c.map(list(MODE_LABEL.values()).index))
-    md = save_table(wide, out, "warmup", data=table)
+    ctx.tables_warmup = save_table(wide, out, "warmup", data=table)
     fig, ax = figure(3.0)
     for _, r in sort_rows(ok[ok["mode"] == ok["mode"].iloc[0]], "size").iterrows():
         ax.plot(range(len(r["step_ms"])), r["step_ms"], marker=".", label=r["size"])
@@ -46,20 +50,22 @@ def warmup(warm: pd.DataFrame, out: Path) -> dict:
     ax.set_title(f"Cold start: {MODE_LABEL[ok['mode'].iloc[0]]} step times, context {int(ok.context_length.iloc[0])}")
     fig.legend(title="model size", loc="outside right upper")
     worst = max(ratios, key=ratios.get)
-    return {"tables_warmup": md, "figure_warmup": save_figure(fig, out, "warmup_steps"),
-            "warmup_first_step_ratio": ratios, "warmup_worst": {"what": worst, "ratio": ratios[worst]},
-            "warmup_values": sorted({int(w) for ws in ok["warmups"] for w in ws}),
-            "warmup_context_length": int(ok.context_length.iloc[0])}
+    ctx.figure_warmup = save_figure(fig, out, "warmup_steps")
+    ctx.warmup_first_step_ratio = ratios
+    ctx.warmup_worst = {"what": worst, "ratio": ratios[worst]}
+    ctx.warmup_values = sorted({int(w) for ws in ok["warmups"] for w in ws})
+    ctx.warmup_context_length = int(ok.context_length.iloc[0])
 
 
-def overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: Path) -> dict:
+def overhead(ctx: BenchmarkingContext, paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame,
+             out: Path) -> None:
     """Pipeline overhead per job: the job's wall time (Snakemake's benchmark record) minus the time
     spent inside its points (model build, compile, warm-up, timed steps)."""
     # Jobs whose results are not inputs here (precision) count as all overhead: an upper bound.
     records = {p.relative_to(p.parents[1]).with_suffix("").as_posix() if p.parent.name != "benchmarks" else p.stem:
                read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
     if not records:
-        return {}
+        return
     inside: dict[str, float] = {}
     for df, kind in ((bench, "benchmarking"), (warm, "warmup")):
         if df.empty:
@@ -72,10 +78,10 @@ def overhead(paths: list[Path], bench: pd.DataFrame, warm: pd.DataFrame, out: Pa
     rows = [{"job": j, wall: w, points: inside[j], over: w - inside[j]}
             for j, w in sorted(records.items()) if inside.get(j)]
     if not rows:
-        return {}
+        return
     table = pd.DataFrame(rows)
     total_wall, total_over = table[wall].sum(), table[over].sum()
     table.loc[len(table)] = {"job": "total", wall: total_wall, points: table[points].sum(), over: total_over}
-    return {"tables_overhead": save_table(table, out, "overhead", digits=1),
-            "overhead": {"wall_s": float(total_wall), "overhead_s": float(total_over),
-                         "share_pct": float(100 * total_over / total_wall), "jobs": len(rows)}}
+    ctx.tables_overhead = save_table(table, out, "overhead", digits=1)
+    ctx.overhead = {"wall_s": float(total_wall), "overhead_s": float(total_over),
+                    "share_pct": float(100 * total_over / total_wall), "jobs": len(rows)}

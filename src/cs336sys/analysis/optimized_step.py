@@ -46,11 +46,11 @@ def _roofline_ms(row, matmul_flops_per_s: float | None) -> tuple[float | None, s
     return r.total_ms, source
 
 
-def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path) -> dict:
-    """{"optimized": {...}} for the section's context, or {} without optimised-step results."""
+def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path) -> dict | None:
+    """The section context's `optimized`, or None without optimised-step results."""
     series = frame[(frame.problem == "optimized_step")] if "problem" in frame else frame
     if series.empty:
-        return {}
+        return None
     matmul = peak_tflops.get("bf16")
     matmul_flops_per_s = matmul * 1e12 if matmul else None
     rows = []
@@ -76,18 +76,18 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
     printed = printed.drop(columns=["added", "std_ms", "graphed"], errors="ignore")
     columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
                            "roofline (ms)", "x roofline"] if c in printed]
-    ctx = {"table": save_table(printed[columns], out, "optimized_step", digits=1, data=data),
-           "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
-           "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
-           "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
-           "context_lengths": sorted({int(c) for c in series["context_length"]}),
-           "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values()),
-           "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE}
+    optimized = {"table": save_table(printed[columns], out, "optimized_step", digits=1, data=data),
+                 "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
+                 "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
+                 "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
+                 "context_lengths": sorted({int(c) for c in series["context_length"]}),
+                 "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values()),
+                 "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE}
     ok = data[data.status == "ok"]
     if not ok.empty:
-        ctx["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
+        optimized["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
         largest = ok["size"].iloc[-1]
-        ctx["figure"], ctx["figure_size"] = _waterfall(ok[ok["size"] == largest], out), largest
+        optimized["figure"], optimized["figure_size"] = _waterfall(ok[ok["size"] == largest], out), largest
         best = {}
         for size, g in ok.groupby("size", sort=False):
             fastest = g.loc[g.step_ms.idxmin()]
@@ -97,12 +97,12 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                           "target": TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)}
             x = best[size]["x_roofline"]
             best[size]["met"] = x is not None and x <= best[size]["target"]
-        ctx["best"] = best
-        ctx["slower"] = _slower_than_before(ok)
+        optimized["best"] = best
+        optimized["slower"] = _slower_than_before(ok)
         if ok.graphed.any() and not ok.graphed.all():
-            ctx["spread_ms"] = {"eager": float(ok[~ok.graphed].std_ms.max()),
-                                "graph": float(ok[ok.graphed].std_ms.max())}
-    return {"optimized": ctx}
+            optimized["spread_ms"] = {"eager": float(ok[~ok.graphed].std_ms.max()),
+                                      "graph": float(ok[ok.graphed].std_ms.max())}
+    return optimized
 
 
 SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA graph", "flash": "flash",
@@ -133,9 +133,9 @@ def _slower_than_before(ok: pd.DataFrame) -> dict[str, list[str]]:
     return slower
 
 
-def summary_rows(ctx: dict) -> list[dict]:
+def summary_rows(optimized: dict) -> list[dict]:
     """The summary page's rows: the fastest configuration of each size against its roofline target."""
-    best = ctx.get("best") or {}
+    best = optimized.get("best") or {}
     measured = {size: b for size, b in best.items() if b["x_roofline"] is not None}
     rows = []
     for size, b in measured.items():
