@@ -109,21 +109,25 @@ def model_flops(size: str, batch: int, context: int) -> dict[str, float]:
             "attention_full": float(attention_full), "dense_params": float(dense_params)}
 
 
-def _describe(settings: dict) -> str:
-    """A config's settings that differ from ours' defaults, in words."""
+def _describe(settings: dict, changes_only: bool = False) -> str:
+    """A config's setup in words: its attention, checkpointing and gathering, and each option it turns on;
+    with `changes_only`, only what differs from `ours` as built (flash, every block checkpointed, gathered
+    again for the backward, no option), in short words."""
     if settings.get("variant") == "pytorch_parts":
         return "FSDP2 per block, SDPA, checkpoint every block, chunked CE, torch AdamW (fused on CUDA)"
-    parts = [f"attention {settings.get('attention', 'flash')}"]
-    ckpt = settings.get("checkpoint_blocks", "all")
-    parts.append("checkpoint every block" if ckpt == "all" else "no checkpointing" if ckpt in ("none", 0)
-                 else f"checkpoint the first {ckpt} blocks")
-    parts.append("gather again for the backward" if settings.get("reshard_after_forward", True)
-                 else "keep gathered params")
-    if settings.get("fused_elementwise"):
-        parts.append("fused RMSNorm, SwiGLU gate and RoPE")
+    attention, ckpt = settings.get("attention", "flash"), settings.get("checkpoint_blocks", "all")
+    reshard = settings.get("reshard_after_forward", True)
+    parts = [f"attention {attention}"] if attention != "flash" or not changes_only else []
+    if ckpt != "all" or not changes_only:
+        parts.append("checkpoint every block" if ckpt == "all" else "no checkpointing" if ckpt in ("none", 0)
+                     else f"checkpoint the first {ckpt} blocks")
+    if not reshard or not changes_only:
+        parts.append("gather again for the backward" if reshard else "keep gathered params")
+    if settings.get("fused_elementwise"):  # short in a table's column; the configs table says it in full
+        parts.append("fused elementwise" if changes_only else "fused RMSNorm, SwiGLU gate and RoPE")
     if settings.get("keep_attention"):
-        parts.append("attention kept through the checkpoint")
-    return ", ".join(parts)
+        parts.append("kept attention" if changes_only else "attention kept through the checkpoint")
+    return ", ".join(parts) or "nothing"
 
 
 def ok_time(cell: str) -> bool:
@@ -162,8 +166,9 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
     """One result as a table row (and its phases): times in s, memory in GiB, model TFLOP/s and MFU."""
     st, m = r["settings"], r.get("metrics") or {}
     row = {"job": job, "name": name, "variant": st.get("variant"), "status": r["status"], "reason": r.get("reason"),
-           "setup": _describe(st), "attention": "sdpa" if st.get("variant") == "pytorch_parts"
-           else st.get("attention", "flash"), "host": _host(r.get("env") or {}, world_size)}
+           "setup": _describe(st), "changes": _describe(st, changes_only=True),
+           "attention": "sdpa" if st.get("variant") == "pytorch_parts" else st.get("attention", "flash"),
+           "host": _host(r.get("env") or {}, world_size)}
     phases = []
     row["phase_device_ms"] = {}
     if r["status"] == "ok":

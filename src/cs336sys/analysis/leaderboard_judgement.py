@@ -83,7 +83,7 @@ def ablation_rows(rows: list[dict]) -> list[dict]:
         ours = next((r for r in ok if r["job"] == job and r["name"] == "ours"), None)
         if ours is None:
             continue
-        out += [{"job": job, "config": r["name"], "settings": r["setup"], "step s": r["step_s"],
+        out += [{"job": job, "config": r["name"], "settings": r["changes"], "step s": r["step_s"],
                  "change s": r["step_s"] - ours["step_s"], "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×",
                  "peak GiB/GPU": r["peak_gib"]}
                 for r in ok if r["job"] == job and r["variant"] == "ours" and r is not ours]

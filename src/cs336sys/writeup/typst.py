@@ -28,6 +28,11 @@ _TABLE_CAPTION = re.compile(r'^<a id="(tbl-[^"]+)"></a>(.*)$')
 _FIGURE_CAPTION = re.compile(r'^<a id="(fig-[^"]+)"></a>(.*)$')
 _IMAGE = re.compile(r"^!\[[^\]]*\]\(([^)\s]+)\)\s*$")
 _LINK = re.compile(r"\]\(#([^)\s]+)\)")
+# In a table row: code spans and link targets (kept whole), and names of three or more parts joined by
+# underscores (`ours_sdpa_fused_keep_attention_checkpoint_24`), which get a break opportunity after each
+# underscore, as a table's narrow column needs; Typst breaks nothing else inside a word.
+_KEPT = re.compile(r"(`[^`]*`|\]\([^)]*\))")
+_LONG_NAME = re.compile(r"\b[A-Za-z0-9.]+(?:_[A-Za-z0-9.]+){2,}\b")
 
 
 def _raw(typst: str) -> str:
@@ -40,6 +45,12 @@ def _paragraph(lines: list[str], i: int) -> tuple[str, int]:
     while j < len(lines) and lines[j].strip():
         j += 1
     return " ".join(s.strip() for s in lines[i:j]), j
+
+
+def breakable(row: str) -> str:
+    """A table row with a zero-width space after each underscore of a long name outside code and links."""
+    return "".join(part if i % 2 else _LONG_NAME.sub(lambda m: m.group(0).replace("_", "_\u200b"), part)
+                   for i, part in enumerate(_KEPT.split(row)))
 
 
 def _skip_blank(lines: list[str], i: int) -> int:
@@ -91,7 +102,7 @@ def to_pandoc(md: str) -> tuple[str, str | None]:
                 end += 1
             if end == k:
                 raise ValueError(f"the caption of {m.group(1)} is not followed by a table: {caption[:60]!r}")
-            rows = lines[k:end]
+            rows = [breakable(row) for row in lines[k:end]]
             if index:  # each link to a heading also gets its page (the PDF has pages; GitHub has not)
                 rows = [_LINK.sub(lambda m: f"](#{m.group(1)}), p. `#context counter(page).at(<{m.group(1)}>)"
                                             f".first()`{{=typst}}", row) for row in rows]
