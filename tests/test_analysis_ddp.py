@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys.analysis import ddp, ddp_steps, ddp_trace
+from cs336sys.analysis.context import as_json
 from cs336sys.analysis.ddp_model import (
     exposed_time,
     fit_bucket_model,
@@ -262,16 +263,16 @@ def inputs(root: Path) -> list[Path]:
     return results + folders + sorted((root / "benchmarks").rglob("*.tsv"))
 
 
-def render(ctx: dict, tmp: Path) -> str:
+def render(ctx: ddp.DDPContext | dict, tmp: Path) -> str:
     section = tmp / "sections" / "ddp"
     section.mkdir(parents=True, exist_ok=True)
-    (section / "context.json").write_text(json.dumps(ctx | {"result_counts": {}}))
+    (section / "context.json").write_text(json.dumps(as_json(ctx) | {"result_counts": {}}))
     text = render_markdown([section], TEMPLATES, tmp / "writeup" / "report.md")
     assert lint.problems(text) == [], "\n".join(lint.problems(text))
     return text[text.index(" Distributed data parallel\n"):]
 
 
-def build(root: Path, paths: list[Path]) -> tuple[dict, Path]:
+def build(root: Path, paths: list[Path]) -> tuple[ddp.DDPContext, Path]:
     out = root / "sections" / "ddp"
     out.mkdir(parents=True)
     return ddp.build(paths, out), out
@@ -288,30 +289,30 @@ def gpu_section(tmp_path_factory):
 
 def test_all_reduce_table_figure_and_bus_bandwidth_target(gpu_section):
     _, ctx, out = gpu_section
-    assert (out / ctx["allreduce_figure"]).stat().st_size > 10_000
-    assert ctx["allreduce_table"].count("\n") == 2 + 4 * 4
-    assert "| nccl | 2 | 1 GiB |" in ctx["allreduce_table"]
-    [t] = ctx["allreduce_targets"]
+    assert (out / ctx.allreduce_figure).stat().st_size > 10_000
+    assert ctx.allreduce_table.count("\n") == 2 + 4 * 4
+    assert "| nccl | 2 | 1 GiB |" in ctx.allreduce_table
+    [t] = ctx.allreduce_targets
     assert t["world"] == 2 and t["ok"] and t["best_size"] == "1 GiB" and t["fraction"] == pytest.approx(1.0)
     assert t["nominal"] == 477.0 and t["of_nominal"] == pytest.approx(t["busbw"] / 477.0)
-    fit = ctx["allreduce_fits"]["nccl-2"]
+    fit = ctx.allreduce_fits["nccl-2"]
     assert fit["o_s"] == pytest.approx(2.5e-5, rel=1e-6) and 1 / fit["inv_w"] == pytest.approx(3.3e11, rel=1e-6)
-    assert ctx["allreduce_compare"]["gloo_worlds"]["falls"]
-    assert ctx["allreduce_compare"]["nccl_over_gloo"]["size"] == "1 GiB"
+    assert ctx.allreduce_compare["gloo_worlds"]["falls"]
+    assert ctx.allreduce_compare["nccl_over_gloo"]["size"] == "1 GiB"
 
 
 def test_bus_bandwidth_target_misses_when_one_gib_falls_short(tmp_path):
     sizes = [2**20, 100 * 2**20, 2**30]
     _allreduce(tmp_path, "nccl", 2, sizes, 1e-5, 3e11, H200_ENV, nominal=None, busbw_1g_factor=1.3)
     ctx = ddp.build(sorted((tmp_path / "results").rglob("*.json")), tmp_path)
-    [t] = ctx["allreduce_targets"]
+    [t] = ctx.allreduce_targets
     assert not t["ok"] and t["best_size"] == "100 MiB" and t["fraction"] < ddp.BUSBW_TARGET_FRACTION
     assert "nominal" not in t
 
 
 def test_ddp_targets_meet_and_miss(gpu_section):
     _, ctx, _ = gpu_section
-    jobs = {j["name"]: j for j in ctx["ddp_jobs"]}
+    jobs = {j["name"]: j for j in ctx.ddp_jobs}
     assert list(jobs) == ["xl-fp32", "2.7B-bf16"]  # registry order of sizes
     meet, miss = jobs["2.7B-bf16"]["targets"], jobs["xl-fp32"]["targets"]
     assert meet["bucketed"]["ratio"] == pytest.approx(306.0 / 303.0) and meet["bucketed"]["ok"]
@@ -329,7 +330,7 @@ def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, 
     """The note under the targets: only for a job that misses one, its no-communication pace from the
     model's FLOPs, against the job of the same dtype that computes fastest (none in another dtype)."""
     _, ctx, _ = gpu_section
-    jobs = {j["name"]: j for j in ctx["ddp_jobs"]}
+    jobs = {j["name"]: j for j in ctx.ddp_jobs}
     assert jobs["2.7B-bf16"]["missed"] is None
     note = jobs["xl-fp32"]["missed"]
     assert note["targets"] == ["bucketed", "overlap"] and "other" not in note  # the other job is bf16
@@ -338,7 +339,7 @@ def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, 
     _ddp_job(root, "2.7B", "fp32", 300.0, bucketed_best=304.0, overlap=306.0, torch=303.0)  # meets both
     _ddp_job(root, "xl", "fp32", 400.0, bucketed_best=450.0, overlap=420.0, torch=405.0)  # misses bucketed only
     ctx2, _ = build(root, inputs(root))
-    jobs = {j["name"]: j for j in ctx2["ddp_jobs"]}
+    jobs = {j["name"]: j for j in ctx2.ddp_jobs}
     note = jobs["xl-fp32"]["missed"]
     assert jobs["2.7B-fp32"]["missed"] is None and note["targets"] == ["bucketed"] and note["other"] == "2.7B, fp32"
     assert note["flops_ratio"] == pytest.approx(train_step_flops("xl", 4, 512) / train_step_flops("2.7B", 4, 512))
@@ -349,7 +350,7 @@ def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, 
 
 def test_ddp_step_table_and_answers(gpu_section):
     _, ctx, out = gpu_section
-    j = next(j for j in ctx["ddp_jobs"] if j["name"] == "2.7B-bf16")
+    j = next(j for j in ctx.ddp_jobs if j["name"] == "2.7B-bf16")
     naive = j["variants"]["naive"]
     assert naive["comm_ms"] == pytest.approx(95.0) and naive["comm_share"] == pytest.approx(95.0 / 395.0)
     assert j["variants"]["bucketed-100MB"]["vs_matched"] is not None
@@ -362,13 +363,13 @@ def test_ddp_step_table_and_answers(gpu_section):
     assert a["flat"]["predicted_saving_ms"] == pytest.approx(411 * 2.5e-5 * 1e3, rel=1e-6)
     assert a["overlap"]["faster_than_naive"] and a["overlap"]["faster_than_flat"]
     assert a["buckets"]["best_mb"] == 100.0 and a["buckets"]["shape"] == "valley"
-    assert (out / ctx["ddp_figure"]).stat().st_size > 10_000
+    assert (out / ctx.ddp_figure).stat().st_size > 10_000
     assert (out / "ddp_steps_2.7B_bf16.csv").is_file()
 
 
 def test_bucket_model_fit_recovers_the_grid_constants(gpu_section):
     _, ctx, _ = gpu_section
-    model = next(j for j in ctx["ddp_jobs"] if j["name"] == "2.7B-bf16")["model"]
+    model = next(j for j in ctx.ddp_jobs if j["name"] == "2.7B-bf16")["model"]
     wait = model["fits"]["wait"]  # the waits were made by the model with o = 90 us, w = 180 GB/s
     assert wait["o_ms"] == pytest.approx(0.09, rel=1e-6) and wait["w_gbps"] == pytest.approx(180.0, rel=1e-6)
     assert wait["good"] and wait["dof"] == 2 and wait["agrees"]
@@ -382,28 +383,28 @@ def test_bucket_model_fit_recovers_the_grid_constants(gpu_section):
 
 def test_trace_table_and_timeline(gpu_section):
     root, ctx, out = gpu_section
-    rows = {r["variant"]: r for r in ctx["trace_rows"]}
+    rows = {r["variant"]: r for r in ctx.trace_rows}
     assert list(rows) == ["naive", "overlap", "bucketed"]
     assert rows["naive"]["overlapped_ms"] == 0.0 and rows["naive"]["comm_ms"] == pytest.approx(0.12)
     # the last all-reduce starts as the backward's last kernel ends: three of four run under compute
     assert rows["overlap"]["overlapped_share"] == pytest.approx(0.75)
-    assert (out / ctx["trace_figure"]).stat().st_size > 10_000
-    assert ctx["trace_settings"]["source"] == "cuda"
+    assert (out / ctx.trace_figure).stat().st_size > 10_000
+    assert ctx.trace_settings["source"] == "cuda"
     # each trace against the benchmark's step of the same variant, and against the bandwidth bound
-    facts = {f["label"]: f for f in ctx["trace_vs_bench"]}
+    facts = {f["label"]: f for f in ctx.trace_vs_bench}
     steps = {r["settings"]["variant"]: r["metrics"] for r in map(read_result, sorted(
         (root / "results" / "ddp_step").rglob("*.json"))) if r["settings"]["size"] == "2.7B"
-        and r["settings"]["dtype"] == ctx["trace_settings"]["dtype"] and r["status"] == "ok"}
+        and r["settings"]["dtype"] == ctx.trace_settings["dtype"] and r["status"] == "ok"}
     naive = facts["naive"]
     assert naive["ratio"] == pytest.approx(rows["naive"]["span_ms"] / steps["naive"]["mean_ms"])
-    bound = 2 * (ctx["trace_busbw_ranks"] - 1) / ctx["trace_busbw_ranks"] * steps["naive"]["grad_bytes"] / (
-        ctx["trace_busbw_gbps"] * 1e9) * 1e3
+    bound = 2 * (ctx.trace_busbw_ranks - 1) / ctx.trace_busbw_ranks * steps["naive"]["grad_bytes"] / (
+        ctx.trace_busbw_gbps * 1e9) * 1e3
     assert naive["bound_ms"] == pytest.approx(bound) and naive["stretch"] == pytest.approx(naive["comm_ms"] / bound)
 
 
 def test_grid_time_sums_the_timing_records(gpu_section):
     _, ctx, _ = gpu_section
-    g = ctx["grid_time"]
+    g = ctx.grid_time
     assert g["total_s"] == pytest.approx(510.0) and g["jobs"] == 7 and g["ok"]
     assert g["cpu_only_s"] == pytest.approx(120.0)
     assert {e["experiment"]: e["jobs"] for e in g["experiments"]} == {"allreduce": 4, "ddp_step": 2, "ddp_trace": 1}
@@ -414,7 +415,7 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     _, ctx, _ = gpu_section
     text = render(ctx, tmp_path)
     assert "No results yet" not in text and "CPU numbers" not in text
-    for figure in (ctx["allreduce_figure"], ctx["ddp_figure"], ctx["trace_figure"]):
+    for figure in (ctx.allreduce_figure, ctx.ddp_figure, ctx.trace_figure):
         assert f"sections/ddp/{figure})" in text
     assert "| 2.7B | bf16 | 100 |" in text and "✗" in text and "✓" in text
     assert "valley" not in text and "The minimum lies inside the sweep" in text
@@ -465,7 +466,7 @@ def test_failed_points_show_their_status(tmp_path):
     _ddp_job(tmp_path, "xl", "bf16", 300.0, bucketed_best=306.0, overlap=318.0, torch=303.0)
     _step(tmp_path, "xl", "bf16", "torch_ddp", 25.0, 0.0, status="oom")
     ctx = ddp.build(inputs(tmp_path), tmp_path)
-    [j] = ctx["ddp_jobs"]
+    [j] = ctx.ddp_jobs
     assert "| PyTorch DDP, 25 MiB (default) | oom |" in j["table"]
     assert not j["targets"]["has_default"] and "ratio" not in j["targets"]["bucketed"]
     assert "no PyTorch DDP run at its default bucket size" in render(ctx, tmp_path)
@@ -522,11 +523,11 @@ def test_the_section_builds_from_smoke_kind_results(tmp_path, cpu_timeline):
     _timing(tmp_path, "ddp_step/tiny-fp32", 14.0)
     _timing(tmp_path, "ddp_trace", 11.0)
     ctx, out = build(tmp_path, inputs(tmp_path))
-    assert ctx["allreduce_targets"] == [] and ctx["allreduce_nominal_gbps"] is None
-    [j] = ctx["ddp_jobs"]
+    assert ctx.allreduce_targets == [] and ctx.allreduce_nominal_gbps == 0.0  # no NVLink nominal recorded
+    [j] = ctx.ddp_jobs
     assert j["backend"] == "gloo" and j["targets"]["bucketed"]["bucket_mb"] == 1.0
     assert j["model"]["fits"]["step"]["dof"] == 0  # two bucket sizes: an exact fit that tests nothing
-    assert ctx["trace_settings"]["source"] == "cpu" and (out / ctx["trace_figure"]).is_file()
+    assert ctx.trace_settings["source"] == "cpu" and (out / ctx.trace_figure).is_file()
     text = render(ctx, tmp_path / "report")
     assert "CPU numbers from the smoke grid" in text
     assert "there are no NCCL results here, so it is not evaluated" in text
@@ -536,9 +537,28 @@ def test_the_section_builds_from_smoke_kind_results(tmp_path, cpu_timeline):
     assert "NCCL ran with" not in text and "bf16 means autocast" not in text
 
 
+def test_traces_without_naive_or_nccl_points_render(tmp_path, cpu_timeline):
+    """Where the template asks `if d.x` of a part that ran without x (no naive trace to compare, no NCCL
+    bus bandwidth), x is defined and false, not absent: the template's names are strict."""
+    cpu = {"device": "cpu", "backend": "gloo"}
+    _allreduce(tmp_path, "gloo", 2, [4096, 2**20], 3e-3, math.inf, cpu)
+    for variant, bucket, mean in (("none", None, 40.0), ("naive", None, 80.0), ("flat", None, 70.0),
+                                  ("overlap", None, 90.0), ("bucketed", 1.0, 85.0), ("bucketed", 10.0, 80.0),
+                                  ("torch_ddp", 25.0, 65.0)):
+        _step(tmp_path, "2.7B", "bf16", variant, bucket, mean, wait=(mean - 40.0) * 0.8, device="cpu", env=cpu)
+    _trace(tmp_path, "overlap", None, cpu_timeline, cpu, device="cpu")
+    ctx, _ = build(tmp_path, inputs(tmp_path))
+    seen = as_json(ctx)
+    assert seen["trace_verdict"] == {} and seen["trace_busbw_gbps"] == 0.0
+    assert seen["trace_vs_bench"] and "trace_busbw_ranks" not in seen
+    text = render(ctx, tmp_path / "report")
+    assert "What the traces measure" in text and "An NCCL kernel's time is not its transfer time" not in text
+    assert "Naive waits for the backward" not in text and "the traces do not separate" not in text
+
+
 def test_the_section_builds_from_no_results(tmp_path):
     ctx = ddp.build([], tmp_path)
-    assert ctx["env"] == {} and "ddp_jobs" not in ctx and "allreduce_table" not in ctx
+    assert ctx.env == {} and "ddp_jobs" not in as_json(ctx) and "allreduce_table" not in as_json(ctx)
     text = render(ctx, tmp_path)
     assert "No results yet for this section" in text and "the bucket overhead model" in text
     assert "Step times of every variant" not in text
@@ -576,8 +596,8 @@ def test_gloo_points_from_a_cpu_host_get_their_own_environment_line(tmp_path):
         _allreduce(tmp_path, "gloo", world, sizes, 3e-4, 4e9 / world,
                    {"gpu": None, "gpus": [], "cpu": "x86_64", "cpu_count": cores, "device": "cpu"})
     ctx, _ = build(tmp_path, inputs(tmp_path))
-    assert ctx["env"]["is_gpu"] and ctx["env"]["points"] == len(sizes)
-    g = ctx["gloo_env"]
+    assert ctx.env["is_gpu"] and ctx.env["points"] == len(sizes)
+    g = ctx.gloo_env
     assert g["points"] == 3 * len(sizes) and g["cores"] == [cores] and g["max_world"] == 6 and g["oversubscribed"]
     assert g["device"] == "CPU (x86_64)" and g["host_gpus"] is None
     text = render(ctx, tmp_path / "report")
@@ -586,10 +606,10 @@ def test_gloo_points_from_a_cpu_host_get_their_own_environment_line(tmp_path):
 
 def test_gloo_points_from_the_gpu_host_name_that_host(gpu_section):
     root, ctx, _ = gpu_section
-    g = ctx["gloo_env"]
+    g = ctx.gloo_env
     results = [p for p in inputs(root) if p.suffix == ".json"]
     assert g["host_gpus"] == "NVIDIA H200" and g["points"] == 3 * 4
-    assert ctx["env"]["points"] == len(results) - g["points"]
+    assert ctx.env["points"] == len(results) - g["points"]
 
 
 def _host_step(root: Path, job: str, variant: str, bucket: float | None, mean: float, proxy: bool, world: int,
@@ -618,10 +638,10 @@ def test_host_series_jobs_show_apart_and_leave_the_grids_reading_unchanged(tmp_p
             _host_step(with_host, job, variant, bucket, mean, proxy, world)
     a, _ = build(plain / "s", inputs(plain))
     b, _ = build(with_host / "s", inputs(with_host))
-    assert "ddp_host_jobs" not in a
+    assert "ddp_host_jobs" not in as_json(a)
     for key in ("ddp_jobs", "ddp_targets", "trace_vs_bench", "summary"):
-        assert b[key] == a[key], key
-    assert [(j["size"], j["dtype"], j["proxy"], j["world_size"]) for j in b["ddp_host_jobs"]] == [
+        assert getattr(b, key) == getattr(a, key), key
+    assert [(j["size"], j["dtype"], j["proxy"], j["world_size"]) for j in b.ddp_host_jobs] == [
         ("2.7B", "bf16", False, 2), ("2.7B", "bf16", True, 1)]
     text = render(b, tmp_path / "report")
     assert "Gradients as bucket views, and single-rank proxies" in text
@@ -644,17 +664,17 @@ def test_a_missed_target_quotes_the_bucket_views_2_rank_job_of_its_size_and_dtyp
             _host_step(with_host, job, variant, bucket, mean, proxy, world, size="xl", dtype="fp32")
     a, _ = build(plain / "s", inputs(plain))
     b, _ = build(with_host / "s", inputs(with_host))
-    missed = {(j["size"], j["dtype"]): j["missed"] for j in b["ddp_jobs"] if j.get("missed")}
+    missed = {(j["size"], j["dtype"]): j["missed"] for j in b.ddp_jobs if j.get("missed")}
     assert set(missed) == {("xl", "fp32")}
     v = missed["xl", "fp32"]["views"]
     assert v["bucket_mb"] == 1000.0 and v["ratio"] == pytest.approx(0.9)
     assert v["bucketed_ratio"] == pytest.approx(1.04) and v["overlap_ratio"] == pytest.approx(1.06)
-    why = {r["part"]: r.get("why") for r in b["summary"]}["DDP against PyTorch's, xl fp32"]
+    why = {r["part"]: r.get("why") for r in b.summary}["DDP against PyTorch's, xl fp32"]
     assert why.endswith("in their own 2-rank job they take 0.900× PyTorch's step at 1000 MiB "
                         "(our bucketed wrapper 1.040×)")
     text = render(b, tmp_path / "report")
     assert "bucket views at 1000 MiB, the fastest\nof them, take 0.900× PyTorch DDP's step, our bucketed" in text
     assert "Their 2-GPU run has not been made." not in text
-    plain_why = {r["part"]: r.get("why") for r in a["summary"]}["DDP against PyTorch's, xl fp32"]
+    plain_why = {r["part"]: r.get("why") for r in a.summary}["DDP against PyTorch's, xl fp32"]
     assert plain_why.endswith("their 2-GPU run has not been made")
     assert "Their 2-GPU run has not been made." in render(a, tmp_path / "plain_report")

@@ -6,6 +6,7 @@ communication and PyTorch's DDP (14, 15, 17a, 19a; `ddp_steps`), the bucket over
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,7 @@ from cs336sys.analysis.common import (
     save_figure,
     save_table,
 )
+from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.ddp_model import fit_latency_bandwidth, formulas
 from cs336sys.analysis.ddp_trace import trace, trace_against_benchmark
 from cs336sys.analysis.formatting import human_bytes
@@ -32,36 +34,113 @@ GRID_TARGET_S = 600.0  # the whole DDP grid's machine time
 BACKEND_ORDER = ["nccl", "gloo"]
 
 
-def build(paths: list[Path], out: Path, **_: object) -> dict:
+@dataclass
+class DDPContext(SectionContext):
+    figures: dict[str, str] = field(default_factory=dict)
+    """Figure name -> its file; left empty: each figure has a field of its own below."""
+    model_formulas: dict[str, str] = field(default_factory=dict)
+    """(19b) The bucket overhead model's formulas as LaTeX, derived by sympy (`ddp_model.formulas`)."""
+    gloo_env: dict | None = None
+    """(12) The gloo points' own environment line when they sit beside GPU points: CPU, cores, oversubscribed."""
+    allreduce_table: str | None = None
+    """(12) Every all-reduce point: median, min–max, calls, algorithm and bus bandwidth (or its status)."""
+    allreduce_busbw_factor: str | None = None
+    """(12) Bus over algorithm bandwidth for r ranks, as LaTeX: 2(r-1)/r."""
+    allreduce_nominal_gbps: float | None = None
+    """(12) NVLink's nominal bandwidth, GPU 0's links summed, one direction (GB/s); 0.0 where not recorded."""
+    allreduce_calls: int | None = None
+    """(12) Timed calls per point (the fewest of any point)."""
+    allreduce_warmup: int | None = None
+    """(12) Untimed calls before them (the fewest of any point)."""
+    allreduce_figure: str | None = None
+    """(12) Bus bandwidth and time per call against size, per backend and rank count."""
+    allreduce_targets: list[dict] | None = None
+    """(12) NCCL per rank count: bus bandwidth at 1 GiB against the best any size reaches, and NVLink's nominal."""
+    allreduce_target_values: dict | None = None
+    """(12) The bus bandwidth target: its share of the best ("fraction") and its size per rank ("size")."""
+    allreduce_fits: dict[str, dict[str, float]] | None = None
+    """(12, 19b) "backend-ranks" -> t = o + size/w fitted to the sweep: {"o_s", "inv_w"}."""
+    allreduce_fit_table: str | None = None
+    """(12) Those fits as a table: o (µs) and w (GB/s) per backend and rank count."""
+    allreduce_facts: list[dict] | None = None
+    """(12) Per backend and rank count: bus bandwidth and time at the smallest and largest size, the best."""
+    allreduce_all_grow: bool | None = None
+    """(12) Every curve's bus bandwidth grows from the smallest size to the largest."""
+    allreduce_flat_curves: dict | None = None
+    """(12) The curves that do not grow ("labels") and the verb their number takes ("verb")."""
+    allreduce_nccl_worlds: dict[str, list[int]] | None = None
+    """(12) NCCL's rank counts "measured", and gloo's it could not run ("missing": one GPU per rank)."""
+    allreduce_compare: dict | None = None
+    """(12) NCCL over gloo at their largest shared size ("nccl_over_gloo"); gloo across rank counts ("gloo_worlds")."""
+    ddp_jobs: list[dict] | None = None
+    """(14, 15, 17a, 19) Per (size, dtype) job: every variant's step, the table, targets, answers, bucket model."""
+    ddp_figure: str | None = None
+    """(19a) Step time against bucket size, a panel per job; "" where no job has a bucketed point."""
+    ddp_bucketing_short: list[str] | None = None
+    """(19a) The jobs ("size, dtype") whose best bucketed step is slower than overlap's or flat's."""
+    ddp_has_bf16: bool | None = None
+    """(14) Some job runs in bf16 (autocast: the gradients all-reduced stay fp32)."""
+    ddp_targets: dict[str, float] | None = None
+    """(17a, 19a) The targets' limits over PyTorch DDP's step, its default bucket size, a good fit's R²."""
+    ddp_host_jobs: list[dict] | None = None
+    """(19) The "host" series' jobs apart: gradients as bucket views and single-rank proxies, each a table."""
+    trace_rows: list[dict] | None = None
+    """(17b) Per traced variant: step span, compute, communication, its share under compute."""
+    trace_verdict: dict | None = None
+    """(17b) naive's share of communication under compute against the others'; {} without both to compare."""
+    trace_none_overlapped: bool | None = None
+    """(17b) No traced variant ran any communication under compute."""
+    trace_table: str | None = None
+    """(17b) The traced steps' phases and communication as a table."""
+    trace_settings: dict | None = None
+    """(17b) The traced configuration: size, dtype, tool, context length, batch size, trace source."""
+    trace_figure: str | None = None
+    """(17b) The traced steps' timelines on one time axis."""
+    trace_vs_bench_table: str | None = None
+    """(17b) Each profiled step beside the benchmark's step of its variant, and its NCCL kernels' time."""
+    trace_vs_bench: list[dict] | None = None
+    """(17b) The same per variant: span over the benchmark's mean, kernel time against the bus bandwidth's bound."""
+    trace_busbw_gbps: float | None = None
+    """(17b) NCCL's bus bandwidth at its largest size with the traced ranks (GB/s); 0.0 without NCCL points."""
+    trace_busbw_ranks: int | None = None
+    """(17b) The rank count of that bus bandwidth."""
+    grid_time: dict | None = None
+    """Wall time of the section's experiments (Snakemake's timing records) against the grid's target."""
+    summary: list[dict] = field(default_factory=list)
+    """The section's lines of the report's summary page."""
+    limitations: list[str] = field(default_factory=list)
+    """The NCCL rank counts that could not run, for the report's limitations."""
+
+
+def build(paths: list[Path], out: Path, **_: object) -> DDPContext:
+    """The section's context: the all-reduce benchmark, the DDP steps, the traced steps, the grid's machine
+    time and the summary."""
     frame = results_frame(paths)
-    ctx: dict = {"env": environment_summary(frame), "tables": {}, "figures": {}, "model_formulas": formulas()}
-    ctx.update(gloo_environment(frame))
+    ctx = DDPContext(env=environment_summary(frame), model_formulas=formulas())
+    gloo_environment(ctx, frame)
     if not frame.empty:
-        ar = allreduce(frame[frame.problem == "allreduce"], out)
-        ctx.update(ar)
+        allreduce(ctx, frame[frame.problem == "allreduce"], out)
         steps = frame[frame.problem == "ddp_step"]
         host = ddp_steps.is_host(steps)  # the host-overhead jobs: shown apart, never mixed into the grid's
-        ctx.update(ddp_steps.jobs(steps[~host], out, ar.get("allreduce_fits")))
-        ctx.update(ddp_steps.host_jobs(steps[host], out))
+        ddp_steps.jobs(ctx, steps[~host], out, ctx.allreduce_fits)
+        ddp_steps.host_jobs(ctx, steps[host], out)
         _views_for_missed(ctx)
-        ctx.update(trace(frame[frame.problem == "ddp_trace"], out))
-        ctx.update(trace_against_benchmark(ctx, frame.drop(index=steps.index[host]), out))
-    walls = grid_time([p for p in paths if p.suffix == ".tsv"])
-    if walls:
-        ctx["grid_time"] = walls
-    ctx["summary"] = _summary(ctx)
-    missing = (ctx.get("allreduce_nccl_worlds") or {}).get("missing")
-    ctx["limitations"] = [f"The NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs was not run: no "
-                          "machine with that many GPUs was lent."] if missing else []
+        trace(ctx, frame[frame.problem == "ddp_trace"], out)
+        trace_against_benchmark(ctx, frame.drop(index=steps.index[host]), out)
+    ctx.grid_time = grid_time([p for p in paths if p.suffix == ".tsv"])
+    ctx.summary = _summary(ctx)
+    missing = (ctx.allreduce_nccl_worlds or {}).get("missing")
+    ctx.limitations = [f"The NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs was not run: no "
+                       "machine with that many GPUs was lent."] if missing else []
     return ctx
 
 
-def _views_for_missed(ctx: dict) -> None:
+def _views_for_missed(ctx: DDPContext) -> None:
     """A grid job that misses a target gets the bucket views' result of its own 2-rank host job (same
     size and dtype), which the section and the summary quote."""
     views = {(h["size"], h["dtype"]): h["views"] | {"job": h}
-             for h in ctx.get("ddp_host_jobs") or [] if not h["proxy"] and (h["world_size"] or 0) > 1 and "views" in h}
-    for j in ctx.get("ddp_jobs") or []:
+             for h in ctx.ddp_host_jobs or [] if not h["proxy"] and (h["world_size"] or 0) > 1 and "views" in h}
+    for j in ctx.ddp_jobs or []:
         if j.get("missed") and (j["size"], j["dtype"]) in views:
             j["missed"]["views"] = views[j["size"], j["dtype"]]
 
@@ -76,15 +155,15 @@ def _views_said(v: dict | None) -> str:
     return said
 
 
-def gloo_environment(frame: pd.DataFrame) -> dict:
+def gloo_environment(ctx: DDPContext, frame: pd.DataFrame) -> None:
     """gloo all-reduce points need only CPUs and may come from another host than the GPU points:
     when the section holds both, the section's environment line describes the GPU points and the
     gloo points get their own, with the host's core count (more ranks than cores take turns)."""
     if frame.empty or "device" not in frame:
-        return {}
+        return
     is_gloo = (frame["problem"] == "allreduce") & (frame["device"] == "cpu")
     if not is_gloo.any() or is_gloo.all():
-        return {}
+        return
     gloo = frame[is_gloo]
     cores = sorted({int(c) for c in gloo.get("env.cpu_count", pd.Series(dtype=float)).dropna()})
     worlds = pd.concat([gloo[c] for c in ("world_size", "env.world_size") if c in gloo]).dropna().astype(int)
@@ -94,7 +173,7 @@ def gloo_environment(frame: pd.DataFrame) -> dict:
     host_gpus = env["device"] if env["is_gpu"] else None
     env.update(device=f"CPU ({', '.join(cpus) or 'unknown'})", host_gpus=host_gpus, cores=cores, max_world=max_world,
                oversubscribed=bool(cores and max_world is not None and max_world > min(cores)))
-    return {"env": environment_summary(frame[~is_gloo]), "gloo_env": env}
+    ctx.env, ctx.gloo_env = environment_summary(frame[~is_gloo]), env
 
 
 # --- all-reduce -------------------------------------------------------------------------------------
@@ -113,9 +192,10 @@ def _backend_sort(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(_b=key).sort_values(["_b", "world_size", "size_bytes"]).drop(columns="_b")
 
 
-def allreduce(df: pd.DataFrame, out: Path) -> dict:
+def allreduce(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
+    """(12) The all-reduce benchmark: its table, figure, bus bandwidth targets and latency-bandwidth fits."""
     if df.empty:
-        return {}
+        return
     df = df.copy()
     if "backend" not in df:  # a grid whose every point failed: the backend follows from the device
         df["backend"] = None
@@ -133,17 +213,18 @@ def allreduce(df: pd.DataFrame, out: Path) -> dict:
                            "calls": len(r["times_ms"]) if isinstance(r.get("times_ms"), list) else None,
                            "algbw (GB/s)": _sig(r["algbw_gbps"]), "busbw (GB/s)": _sig(r["busbw_gbps"])})
     ok = df[df.status == "ok"]
-    ctx: dict = {"allreduce_table": save_table(pd.DataFrame(rows), out, "allreduce", digits=3),
-                 "allreduce_busbw_factor": "2(r-1)/r"}  # no fraction in running text
+    ctx.allreduce_table = save_table(pd.DataFrame(rows), out, "allreduce", digits=3)
+    ctx.allreduce_busbw_factor = "2(r-1)/r"  # no fraction in running text
     if ok.empty:
-        return ctx
+        return
     nominal = ok["nvlink_nominal_gbps"].dropna() if "nvlink_nominal_gbps" in ok else pd.Series(dtype=float)
-    ctx["allreduce_nominal_gbps"] = float(nominal.iloc[0]) if not nominal.empty else None
-    ctx["allreduce_calls"] = int(ok["iters"].min()) if "iters" in ok else None
-    ctx["allreduce_warmup"] = int(ok["warmup"].min()) if "warmup" in ok else None
-    ctx["allreduce_figure"] = _allreduce_figure(ok, out, ctx["allreduce_nominal_gbps"])
-    ctx["allreduce_targets"] = _busbw_targets(ok)
-    ctx["allreduce_target_values"] = {"fraction": BUSBW_TARGET_FRACTION, "size": human_bytes(TARGET_SIZE_BYTES)}
+    # 0.0 without a nominal: defined, and false, for the template's `if` (a field left None is absent)
+    ctx.allreduce_nominal_gbps = float(nominal.iloc[0]) if not nominal.empty else 0.0
+    ctx.allreduce_calls = int(ok["iters"].min()) if "iters" in ok else None
+    ctx.allreduce_warmup = int(ok["warmup"].min()) if "warmup" in ok else None
+    ctx.allreduce_figure = _allreduce_figure(ok, out, ctx.allreduce_nominal_gbps)
+    ctx.allreduce_targets = _busbw_targets(ok)
+    ctx.allreduce_target_values = {"fraction": BUSBW_TARGET_FRACTION, "size": human_bytes(TARGET_SIZE_BYTES)}
     fits, fit_rows, facts = {}, [], []
     for (backend, world), g in ok.groupby(["backend", "world_size"], sort=False):
         g = g.sort_values("size_bytes")
@@ -157,18 +238,17 @@ def allreduce(df: pd.DataFrame, out: Path) -> dict:
                       "large_busbw": float(large["busbw_gbps"]), "best_busbw": float(g["busbw_gbps"].max()),
                       "small_ms": float(small["median_ms"]), "large_ms": float(large["median_ms"]),
                       "grows": bool(large["busbw_gbps"] > small["busbw_gbps"])})
-    ctx["allreduce_fits"] = fits
-    ctx["allreduce_fit_table"] = save_table(pd.DataFrame(fit_rows), out, "allreduce_latency_bandwidth", digits=1)
-    ctx["allreduce_facts"] = facts
-    ctx["allreduce_all_grow"] = all(f["grows"] for f in facts)
+    ctx.allreduce_fits = fits
+    ctx.allreduce_fit_table = save_table(pd.DataFrame(fit_rows), out, "allreduce_latency_bandwidth", digits=1)
+    ctx.allreduce_facts = facts
+    ctx.allreduce_all_grow = all(f["grows"] for f in facts)
     flat = [f"{f['backend']} with {f['world']} ranks" for f in facts if not f["grows"]]
-    ctx["allreduce_flat_curves"] = {"labels": flat, "verb": "does" if len(flat) == 1 else "do"}
+    ctx.allreduce_flat_curves = {"labels": flat, "verb": "does" if len(flat) == 1 else "do"}
     worlds = {b: sorted(int(w) for w in g["world_size"].unique()) for b, g in ok.groupby("backend")}
     if "nccl" in worlds:  # the handout's rank counts NCCL could not run: one GPU per rank
         missing = sorted(set(worlds.get("gloo", [])) - set(worlds["nccl"]))
-        ctx["allreduce_nccl_worlds"] = {"measured": worlds["nccl"], "missing": missing}
-    ctx["allreduce_compare"] = _compare_backends(ok)
-    return ctx
+        ctx.allreduce_nccl_worlds = {"measured": worlds["nccl"], "missing": missing}
+    ctx.allreduce_compare = _compare_backends(ok)
 
 
 def _busbw_targets(ok: pd.DataFrame) -> list[dict]:
@@ -241,7 +321,7 @@ def _allreduce_figure(ok: pd.DataFrame, out: Path, nominal: float | None) -> str
     return save_figure(fig, out, "allreduce_bandwidth")
 
 
-# --- one profiled step of each variant ----------------------------------------------------------------
+# --- machine time ---------------------------------------------------------------------------------------
 
 def grid_time(tsvs: list[Path]) -> dict | None:
     """Wall time of every job of the section's experiments (benchmarks/<experiment>/<job>.tsv, or
@@ -265,17 +345,17 @@ def grid_time(tsvs: list[Path]) -> dict | None:
             "target_min": GRID_TARGET_S / 60}
 
 
-def _summary(ctx: dict) -> list[dict]:
+def _summary(ctx: DDPContext) -> list[dict]:
     """Page 1: NCCL's bus bandwidth, and our bucketed and overlap DDP against PyTorch's in each job."""
     rows = []
-    for t in ctx.get("allreduce_targets") or []:
+    for t in ctx.allreduce_targets or []:
         if "busbw" in t:
             nominal = f", {100 * t['of_nominal']:.0f} % of NVLink's nominal" if "of_nominal" in t else ""
             rows.append({"part": f"NCCL all-reduce, {t['world']} GPUs", "target": None, "met": None,
-                         "result": f"{t['busbw']:.0f} GB/s bus bandwidth at {ctx['allreduce_target_values']['size']}"
+                         "result": f"{t['busbw']:.0f} GB/s bus bandwidth at {ctx.allreduce_target_values['size']}"
                                    + nominal, "ref": "ddp-allreduce-target"})
-    limits = ctx.get("ddp_targets") or {}
-    for j in ctx.get("ddp_jobs") or []:
+    limits = ctx.ddp_targets or {}
+    for j in ctx.ddp_jobs or []:
         t = j.get("targets") or {}
         b, o = t.get("bucketed"), t.get("overlap")
         if not t.get("has_default") or not b or "ratio" not in b or not o:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.ticker import FixedLocator, NullLocator
@@ -18,6 +19,9 @@ from cs336sys.analysis.formatting import fixed, mean_std, number, percent
 from cs336sys.analysis.verdicts import at_most
 from cs336sys.sizes import SIZES, train_step_flops
 from cs336sys.units import MIB
+
+if TYPE_CHECKING:
+    from cs336sys.analysis.ddp import DDPContext
 
 # PyTorch's DistributedDataParallel bucket_cap_mb default (cs336sys.distributed.experiments
 # TORCH_DDP_DEFAULT_BUCKET_MB; a test checks they agree): the reference of the targets.
@@ -75,10 +79,10 @@ def _point(row: pd.Series) -> dict:
     return p
 
 
-def jobs(df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> dict:
-    """Context of every (size, dtype) job, their figure and the targets' thresholds."""
+def jobs(ctx: DDPContext, df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> None:
+    """Every (size, dtype) job, their figure and the targets' thresholds, into the context."""
     if df.empty:
-        return {}
+        return
     df = df.assign(_size=df["size"].map(lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER)),
                    _dtype=df["dtype"].map(lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER)))
     result = []
@@ -93,9 +97,11 @@ def jobs(df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> dic
              if j["answers"].get("buckets", {}).get("as_expected") is False]
     for j in result:
         j["missed"] = missed_note(j, result)
-    return {"ddp_jobs": result, "ddp_figure": _sweep_figure(result, out), "ddp_bucketing_short": short,
-            "ddp_has_bf16": any(j["dtype"] == "bf16" for j in result),
-            "ddp_targets": TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}}
+    ctx.ddp_jobs = result
+    ctx.ddp_figure = _sweep_figure(result, out) or ""  # defined, and false, where no job has a bucketed point
+    ctx.ddp_bucketing_short = short
+    ctx.ddp_has_bf16 = any(j["dtype"] == "bf16" for j in result)
+    ctx.ddp_targets = TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}
 
 
 def missed_note(j: dict, result: list[dict]) -> dict | None:
@@ -119,6 +125,7 @@ def missed_note(j: dict, result: list[dict]) -> dict | None:
 
 
 def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict | None = None) -> dict:
+    """One (size, dtype) job's entry of `ddp_jobs`: its variants, table, targets, answers and bucket model."""
     points = [_point(r) for _, r in g.iterrows()]
     points.sort(key=lambda p: (VARIANT_ORDER.index(p["variant"]) if p["variant"] in VARIANT_ORDER else 99,
                                p["bucket_mb"] or 0.0))
@@ -137,34 +144,34 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
     ok = g[g.status == "ok"]
     first = ok.iloc[0] if not ok.empty else None
     edition = SIZES[size].edition if size in SIZES else None  # which handout names the size, and how
-    ctx = {"size": size, "dtype": dtype, "name": f"{size}-{dtype}", "edition": edition,
-           "variants": {p["key"]: p for p in points},
-           "order": [p["key"] for p in points],
-           "world_size": int(first["world_size"]) if first is not None else None,
-           "grad_bytes": int(first["grad_bytes"]) if first is not None else None,
-           "parameters": int(first["parameters"]) if first is not None else None,
-           "context_length": int(g["context_length"].iloc[0]), "batch_size": int(g["batch_size"].iloc[0]),
-           "steps": int(g["steps"].iloc[0]), "warmup": int(g["warmup"].iloc[0])}
-    if ctx["grad_bytes"]:
-        ctx["grad_gib"] = ctx["grad_bytes"] / 2**30
+    j = {"size": size, "dtype": dtype, "name": f"{size}-{dtype}", "edition": edition,
+         "variants": {p["key"]: p for p in points},
+         "order": [p["key"] for p in points],
+         "world_size": int(first["world_size"]) if first is not None else None,
+         "grad_bytes": int(first["grad_bytes"]) if first is not None else None,
+         "parameters": int(first["parameters"]) if first is not None else None,
+         "context_length": int(g["context_length"].iloc[0]), "batch_size": int(g["batch_size"].iloc[0]),
+         "steps": int(g["steps"].iloc[0]), "warmup": int(g["warmup"].iloc[0])}
+    if j["grad_bytes"]:
+        j["grad_gib"] = j["grad_bytes"] / 2**30
     if none is not None and size in SIZES:  # each rank's model work per step, at the no-communication pace
-        ctx["rank_flops"] = train_step_flops(size, ctx["batch_size"], ctx["context_length"])
-        ctx["none_ms"] = none["mean_ms"]
-        ctx["none_tflops"] = ctx["rank_flops"] / (none["mean_ms"] / 1e3) / 1e12
-    ctx["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}", digits=2)
-    ctx["targets"] = targets(by)
-    ctx["answers"] = answers(by)
-    ctx["answers_complete"] = all(k in ctx["answers"] for k in ("naive", "flat", "overlap"))
-    flat = ctx["answers"].get("flat")
+        j["rank_flops"] = train_step_flops(size, j["batch_size"], j["context_length"])
+        j["none_ms"] = none["mean_ms"]
+        j["none_tflops"] = j["rank_flops"] / (none["mean_ms"] / 1e3) / 1e12
+    j["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}", digits=2)
+    j["targets"] = targets(by)
+    j["answers"] = answers(by)
+    j["answers_complete"] = all(k in j["answers"] for k in ("naive", "flat", "overlap"))
+    flat = j["answers"].get("flat")
     if flat and allreduce_fit and flat["naive_calls"] and flat["flat_calls"]:
         # what the all-reduce benchmark's fixed cost per call predicts batching saves
         flat["predicted_saving_ms"] = (flat["naive_calls"] - flat["flat_calls"]) * allreduce_fit["o_s"] * 1e3
-    if ctx["grad_bytes"]:
-        model = bucket_model(by, ctx["grad_bytes"], allreduce_fit)
+    if j["grad_bytes"]:
+        model = bucket_model(by, j["grad_bytes"], allreduce_fit)
         if model:
             model["table"] = save_table(model.pop("frame"), out, f"ddp_bucket_model_{size}_{dtype}", digits=2)
-            ctx["model"] = model
-    return ctx
+            j["model"] = model
+    return j
 
 
 def _table(points: list[dict]) -> pd.DataFrame:
@@ -270,11 +277,11 @@ def is_host(df: pd.DataFrame) -> pd.Series:
     return df["series"] == HOST_SERIES
 
 
-def host_jobs(df: pd.DataFrame, out: Path) -> dict:
+def host_jobs(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
     """Each "host" job (size, dtype, and 2 ranks or a single-rank proxy): every variant's step against
     PyTorch DDP's at its default bucket size and against `none`, all of the same job."""
     if df.empty:
-        return {}
+        return
     proxy = df["single_rank_proxy"].fillna(False).astype(bool) if "single_rank_proxy" in df else False
     df = df.assign(_proxy=proxy)
     result = []
@@ -302,7 +309,7 @@ def host_jobs(df: pd.DataFrame, out: Path) -> dict:
         result.append({"size": size, "dtype": dtype, "proxy": bool(is_proxy), "world_size": world,
                        "table": save_table(pd.DataFrame(rows), out, name, digits=2)}
                       | ({"views": views} if (views := fastest_views(by, default)) else {}))
-    return {"ddp_host_jobs": result}
+    ctx.ddp_host_jobs = result
 
 
 def fastest_views(by: dict[str, dict], default: dict | None) -> dict | None:

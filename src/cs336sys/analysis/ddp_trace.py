@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.patches import Patch
@@ -14,15 +15,18 @@ from cs336sys.analysis import ddp_steps
 from cs336sys.analysis.common import figure, save_figure, save_table
 from cs336sys.analysis.formatting import number
 
+if TYPE_CHECKING:
+    from cs336sys.analysis.ddp import DDPContext
+
 TRACE_ORDER = ["naive", "flat", "overlap", "bucketed"]
 
 
-def trace(df: pd.DataFrame, out: Path) -> dict:
+def trace(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
     """The traced variants in order: each step's phases and communication (a table) and their timelines
     drawn on one axis."""
     ok = df[df.status == "ok"]
     if ok.empty:
-        return {}
+        return
     ok = ok.assign(_v=ok["variant"].map(lambda v: TRACE_ORDER.index(v) if v in TRACE_ORDER else len(TRACE_ORDER)))
     rows, table, summaries, titles = [], [], [], []
     for _, r in ok.sort_values(["_v", "bucket_size_mb"]).iterrows():
@@ -46,7 +50,7 @@ def trace(df: pd.DataFrame, out: Path) -> dict:
     first = ok.iloc[0]
     naive = next((r for r in rows if r["variant"] == "naive" and r["overlapped_share"] is not None), None)
     others = [r for r in rows if r["variant"] != "naive" and r["overlapped_share"] is not None]
-    verdict = None
+    verdict: dict = {}  # defined, and false, without both naive and another variant to compare
     if naive is not None and others:
         verdict = {"naive_share": naive["overlapped_share"],
                    "others": [{"label": r["label"], "share": r["overlapped_share"]} for r in others],
@@ -55,27 +59,25 @@ def trace(df: pd.DataFrame, out: Path) -> dict:
     none_overlapped = all(r["overlapped_ms"] == 0 for r in rows)
     if none_overlapped:  # no variant ran any communication under compute: the text says so, no zero columns
         frame = frame.drop(columns=["under compute (ms)", "share under compute"])
-    ctx = {"trace_rows": rows, "trace_verdict": verdict, "trace_none_overlapped": none_overlapped,
-           "trace_table": save_table(frame, out, "ddp_trace_overlap", digits=2),
-           "trace_settings": {"size": first["size"], "dtype": first["dtype"], "tool": first.get("tool"),
-                              "context_length": int(first["context_length"]), "batch_size": int(first["batch_size"])}}
+    ctx.trace_rows, ctx.trace_verdict, ctx.trace_none_overlapped = rows, verdict, none_overlapped
+    ctx.trace_table = save_table(frame, out, "ddp_trace_overlap", digits=2)
+    ctx.trace_settings = {"size": first["size"], "dtype": first["dtype"], "tool": first.get("tool"),
+                          "context_length": int(first["context_length"]), "batch_size": int(first["batch_size"])}
     if summaries:
-        ctx["trace_figure"] = timeline_figure(summaries, titles, out)
-        ctx["trace_settings"]["source"] = summaries[0].get("source")
-    return ctx
+        ctx.trace_figure = timeline_figure(summaries, titles, out)
+        ctx.trace_settings["source"] = summaries[0].get("source")
 
 
-def trace_against_benchmark(ctx: dict, frame: pd.DataFrame, out: Path) -> dict:
+def trace_against_benchmark(ctx: DDPContext, frame: pd.DataFrame, out: Path) -> None:
     """The profiled step beside the benchmark's steps of the same variant (size, dtype, bucket), and
     each trace's NCCL kernel time beside the time the all-reduce of the gradients needs at the measured
     bus bandwidth. A profiled step is one step with the profiler's per-operator cost on the host, so its
     span is not a step time; an NCCL kernel's time is its time resident on the GPU, waiting for the
     other rank and sharing the GPU with compute, so it is not a transfer time."""
-    rows = ctx.get("trace_rows")
-    settings = ctx.get("trace_settings")
+    rows, settings = ctx.trace_rows, ctx.trace_settings
     steps = frame[(frame.problem == "ddp_step") & (frame.status == "ok")] if not frame.empty else frame
     if not rows or steps.empty:
-        return {}
+        return
     steps = steps[(steps["size"] == settings["size"]) & (steps["dtype"] == settings["dtype"])]
     ar = frame[(frame.problem == "allreduce") & (frame.status == "ok")]
     nccl = ar[ar.get("backend", pd.Series(index=ar.index, dtype=object)).fillna("") == "nccl"] if not ar.empty else ar
@@ -105,9 +107,11 @@ def trace_against_benchmark(ctx: dict, frame: pd.DataFrame, out: Path) -> dict:
         table.append(row)
         facts.append(fact)
     if not table:
-        return {}
-    return {"trace_vs_bench_table": save_table(pd.DataFrame(table), out, "ddp_trace_vs_benchmark", digits=2),
-            "trace_vs_bench": facts, "trace_busbw_gbps": busbw, "trace_busbw_ranks": ranks}
+        return
+    ctx.trace_vs_bench_table = save_table(pd.DataFrame(table), out, "ddp_trace_vs_benchmark", digits=2)
+    ctx.trace_vs_bench = facts
+    ctx.trace_busbw_gbps = busbw or 0.0  # defined, and false, without NCCL points
+    ctx.trace_busbw_ranks = ranks
 
 
 def timeline_figure(summaries: list[dict], titles: list[str], out: Path, name: str = "ddp_timeline") -> str:
@@ -148,6 +152,3 @@ def timeline_figure(summaries: list[dict], titles: list[str], out: Path, name: s
                 if any(r["name"] == n for s in summaries for r in s["ranges"])]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), frameon=False)
     return save_figure(fig, out, name)
-
-
-# --- machine time ---------------------------------------------------------------------------------------
