@@ -523,7 +523,7 @@ def test_the_section_builds_from_smoke_kind_results(tmp_path, cpu_timeline):
     _timing(tmp_path, "ddp_step/tiny-fp32", 14.0)
     _timing(tmp_path, "ddp_trace", 11.0)
     ctx, out = build(tmp_path, inputs(tmp_path))
-    assert ctx.allreduce_targets == [] and ctx.allreduce_nominal_gbps == 0.0  # no NVLink nominal recorded
+    assert ctx.allreduce_targets == [] and "allreduce_nominal_gbps" not in as_json(ctx)  # no NVLink nominal
     [j] = ctx.ddp_jobs
     assert j["backend"] == "gloo" and j["targets"]["bucketed"]["bucket_mb"] == 1.0
     assert j["model"]["fits"]["step"]["dof"] == 0  # two bucket sizes: an exact fit that tests nothing
@@ -538,8 +538,8 @@ def test_the_section_builds_from_smoke_kind_results(tmp_path, cpu_timeline):
 
 
 def test_traces_without_naive_or_nccl_points_render(tmp_path, cpu_timeline):
-    """Where the template asks `if d.x` of a part that ran without x (no naive trace to compare, no NCCL
-    bus bandwidth), x is defined and false, not absent: the template's names are strict."""
+    """A part that ran without x (no naive trace to compare, no NCCL bus bandwidth) leaves x out of the
+    context, and the template, whose names are strict, asks `is defined` of it."""
     cpu = {"device": "cpu", "backend": "gloo"}
     _allreduce(tmp_path, "gloo", 2, [4096, 2**20], 3e-3, math.inf, cpu)
     for variant, bucket, mean in (("none", None, 40.0), ("naive", None, 80.0), ("flat", None, 70.0),
@@ -549,7 +549,7 @@ def test_traces_without_naive_or_nccl_points_render(tmp_path, cpu_timeline):
     _trace(tmp_path, "overlap", None, cpu_timeline, cpu, device="cpu")
     ctx, _ = build(tmp_path, inputs(tmp_path))
     seen = as_json(ctx)
-    assert seen["trace_verdict"] == {} and seen["trace_busbw_gbps"] == 0.0
+    assert "trace_verdict" not in seen and "trace_busbw_gbps" not in seen
     assert seen["trace_vs_bench"] and "trace_busbw_ranks" not in seen
     text = render(ctx, tmp_path / "report")
     assert "What the traces measure" in text and "An NCCL kernel's time is not its transfer time" not in text
@@ -678,3 +678,23 @@ def test_a_missed_target_quotes_the_bucket_views_2_rank_job_of_its_size_and_dtyp
     plain_why = {r["part"]: r.get("why") for r in a.summary}["DDP against PyTorch's, xl fp32"]
     assert plain_why.endswith("their 2-GPU run has not been made")
     assert "Their 2-GPU run has not been made." in render(a, tmp_path / "plain_report")
+
+
+def test_nccl_without_an_nvlink_nominal_renders_n_a(tmp_path):
+    """A PCIe machine: NCCL points with no NVLink nominal. The section renders and passes the lint (no
+    empty cell), the nominal's columns say n/a, and NCCL is not said to run over NVLink."""
+    _allreduce(tmp_path, "nccl", 2, [2**20, 10 * 2**20, 100 * 2**20, 2**30], 2.5e-5, 2e10, H200_ENV)
+    _allreduce(tmp_path, "gloo", 2, [2**20, 10 * 2**20, 100 * 2**20, 2**30], 3e-4, 2e9, H200_ENV)
+    _ddp_job(tmp_path, "2.7B", "bf16", 300.0, bucketed_best=306.0, overlap=318.0, torch=303.0)
+    ctx, _ = build(tmp_path, inputs(tmp_path))
+    assert ctx.allreduce_nominal_gbps is None
+    text = render(ctx, tmp_path / "report")
+    assert "NCCL over NVLink" not in text and "| n/a | n/a |" in text
+
+
+@pytest.mark.parametrize("naive,flat,outcome", [
+    (True, True, "beats_both"), (True, False, "beats_naive_not_flat"), (True, None, "beats_naive"),
+    (None, True, "beats_flat"), (False, True, "does_not_pay"), (False, None, "does_not_pay")])
+def test_what_overlapping_bought_is_decided_against_the_variants_that_ran(naive, flat, outcome):
+    o = {f"faster_than_{k}": v for k, v in (("naive", naive), ("flat", flat)) if v is not None}
+    assert ddp_steps.overlap_outcome(o) == outcome

@@ -47,7 +47,7 @@ class DDPContext(SectionContext):
     allreduce_busbw_factor: str | None = None
     """(12) Bus over algorithm bandwidth for r ranks, as LaTeX: 2(r-1)/r."""
     allreduce_nominal_gbps: float | None = None
-    """(12) NVLink's nominal bandwidth, GPU 0's links summed, one direction (GB/s); 0.0 where not recorded."""
+    """(12) NVLink's nominal bandwidth, GPU 0's links summed, one direction (GB/s); None where not recorded."""
     allreduce_calls: int | None = None
     """(12) Timed calls per point (the fewest of any point)."""
     allreduce_warmup: int | None = None
@@ -218,8 +218,7 @@ def allreduce(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
     if ok.empty:
         return
     nominal = ok["nvlink_nominal_gbps"].dropna() if "nvlink_nominal_gbps" in ok else pd.Series(dtype=float)
-    # 0.0 without a nominal: defined, and false, for the template's `if` (a field left None is absent)
-    ctx.allreduce_nominal_gbps = float(nominal.iloc[0]) if not nominal.empty else 0.0
+    ctx.allreduce_nominal_gbps = float(nominal.iloc[0]) if not nominal.empty and nominal.iloc[0] > 0 else None
     ctx.allreduce_calls = int(ok["iters"].min()) if "iters" in ok else None
     ctx.allreduce_warmup = int(ok["warmup"].min()) if "warmup" in ok else None
     ctx.allreduce_figure = _allreduce_figure(ok, out, ctx.allreduce_nominal_gbps)

@@ -98,7 +98,7 @@ def jobs(ctx: DDPContext, df: pd.DataFrame, out: Path, allreduce_fits: dict | No
     for j in result:
         j["missed"] = missed_note(j, result)
     ctx.ddp_jobs = result
-    ctx.ddp_figure = _sweep_figure(result, out) or ""  # defined, and false, where no job has a bucketed point
+    ctx.ddp_figure = _sweep_figure(result, out)  # None where no job has a bucketed point
     ctx.ddp_bucketing_short = short
     ctx.ddp_has_bf16 = any(j["dtype"] == "bf16" for j in result)
     ctx.ddp_targets = TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}
@@ -224,6 +224,19 @@ def targets(by: dict) -> dict:
     return t
 
 
+def overlap_outcome(o: dict) -> str:
+    """What overlapping bought against the variants the job has: "beats_both" (naive and flat),
+    "beats_naive_not_flat", "beats_naive" (no flat run), "beats_flat" (no naive run) or "does_not_pay"."""
+    naive, flat = o.get("faster_than_naive"), o.get("faster_than_flat")
+    if naive and flat:
+        return "beats_both"
+    if naive:
+        return "beats_naive_not_flat" if flat is False else "beats_naive"
+    if flat and naive is None:
+        return "beats_flat"
+    return "does_not_pay"
+
+
 def answers(by: dict) -> dict:
     """The handouts' questions, from this job's numbers."""
     a: dict = {}
@@ -246,6 +259,7 @@ def answers(by: dict) -> dict:
             if other:
                 a["overlap"][f"over_{name}"] = overlap["mean_ms"] / other["mean_ms"]
                 a["overlap"][f"faster_than_{name}"] = overlap["mean_ms"] < other["mean_ms"]
+        a["overlap"]["outcome"] = overlap_outcome(a["overlap"])
     bucketed = sorted((p for p in by.values() if p["variant"] == "bucketed"), key=lambda p: p["bucket_mb"])
     if bucketed:
         means = [p["mean_ms"] for p in bucketed]

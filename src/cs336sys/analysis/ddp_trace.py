@@ -50,7 +50,7 @@ def trace(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
     first = ok.iloc[0]
     naive = next((r for r in rows if r["variant"] == "naive" and r["overlapped_share"] is not None), None)
     others = [r for r in rows if r["variant"] != "naive" and r["overlapped_share"] is not None]
-    verdict: dict = {}  # defined, and false, without both naive and another variant to compare
+    verdict: dict | None = None  # without both naive and another variant to compare
     if naive is not None and others:
         verdict = {"naive_share": naive["overlapped_share"],
                    "others": [{"label": r["label"], "share": r["overlapped_share"]} for r in others],
@@ -110,7 +110,7 @@ def trace_against_benchmark(ctx: DDPContext, frame: pd.DataFrame, out: Path) -> 
         return
     ctx.trace_vs_bench_table = save_table(pd.DataFrame(table), out, "ddp_trace_vs_benchmark", digits=2)
     ctx.trace_vs_bench = facts
-    ctx.trace_busbw_gbps = busbw or 0.0  # defined, and false, without NCCL points
+    ctx.trace_busbw_gbps = busbw or None  # None without NCCL points
     ctx.trace_busbw_ranks = ranks
 
 
