@@ -3,14 +3,17 @@ read, and a failed build leaves no half-made section directory."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
+import typing
 
 import pytest
 
+from cs336sys import registry
 from cs336sys.analysis import precision
-from cs336sys.analysis.context import as_json
+from cs336sys.analysis.context import SectionContext, as_json
 from cs336sys.results import write_result
 
 
@@ -63,3 +66,15 @@ def test_a_failed_section_build_leaves_the_old_section_untouched(tmp_path, bad):
     assert proc.returncode != 0
     assert json.loads((out / "context.json").read_text()) == {"old": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.json", "sec"]  # no temporary left
+
+
+@pytest.mark.parametrize("section", sorted(registry.SECTIONS))
+def test_every_section_returns_its_typed_context_and_builds_from_no_results(section, tmp_path):
+    """Each section's build returns a dataclass deriving SectionContext (its fields are what the template
+    reads), and with no results at all it builds one, not an error."""
+    module = importlib.import_module(registry.section(section).module)
+    returned = typing.get_type_hints(module.build)["return"]
+    assert isinstance(returned, type) and issubclass(returned, SectionContext), section
+    ctx = module.build([], tmp_path)
+    assert isinstance(ctx, returned) and ctx.env == {}
+    json.dumps(as_json(ctx))  # what `python -m cs336sys.analysis` writes

@@ -140,12 +140,14 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     """The section's context: every point, the timing tables, the bf16 and compiled speed-ups, host-bound
     points, MFU, the spread, the cold start, the pipeline's overhead and the optimized step."""
     frame = results_frame(paths)
+    ctx = BenchmarkingContext(env=environment_summary(frame))
+    if frame.empty:  # nothing measured: the parts are absent
+        return ctx
     if "context_length" in frame:
         frame["context_length"] = frame["context_length"].astype("Int64")
     bench = frame[frame.problem == "benchmarking"].copy()
     warm = frame[frame.problem == "warmup"].copy()
     peak = frame[frame.problem == "matmul_peak"].copy()
-    ctx = BenchmarkingContext(env=environment_summary(frame))
     ctx.peak_tflops = {r["dtype"]: r["tflops"] for _, r in peak.iterrows() if r["status"] == "ok"}
 
     ok = bench[bench.status == "ok"].copy()
