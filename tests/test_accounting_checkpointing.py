@@ -1,6 +1,6 @@
-"""Activation checkpointing in the accounting: the options' effects on the saved-activation count, the
-command line's refusals, and the total against the leaderboard step's measured per-GPU peaks (2 H200s),
-with the settings each run used read from its result file."""
+"""Activation checkpointing and fused elementwise kernels in the accounting: the options' effects on the
+saved-activation count, the command line's refusals, and the total against the leaderboard step's
+measured per-GPU peaks (2 H200s), with the settings each run used read from its result file."""
 
 from __future__ import annotations
 
@@ -36,17 +36,20 @@ def setup_for(settings: dict, world_size: int) -> Setup:
     if policy == "none":
         checkpoint, blocks = "none", None
     else:
-        checkpoint = "every"
+        # keep_attention: a checkpointed block also keeps attention's outputs, the accounting's "selective"
+        checkpoint = "selective" if settings.get("keep_attention") else "every"
         blocks = layers if policy == "all" else policy if isinstance(policy, int) else len(policy)
     # Ours keeps a bf16 copy of each fp32 shard (FusedAdamW rewrites it; the all-gathers send it);
     # FSDP2 casts while it gathers and keeps none. SDPA's fused kernels save what flash does (O and
-    # the log-sum-exp), so both attentions are "flash" here.
+    # the log-sum-exp), as does our flash with the step's tuned tiles, so all three are "flash" here.
+    # Results from before the options existed have no fused_elementwise or keep_attention (None: off).
     return make_setup(settings["size"], world_size, "fsdp", "h200", batch_size=settings["batch_per_rank"],
                       context_length=settings["context_length"], compute_dtype=settings["compute_dtype"],
-                      attention="flash" if settings["attention"] in ("flash", "sdpa") else "naive",
+                      attention="flash" if settings["attention"] in ("flash", "flash_tuned", "sdpa") else "naive",
                       checkpoint=checkpoint, checkpoint_blocks=blocks,
                       loss_chunk_tokens=settings["ce_chunk_tokens"],
-                      compute_copy=settings["variant"] == "ours" and settings["compute_dtype"] != "fp32")
+                      compute_copy=settings["variant"] == "ours" and settings["compute_dtype"] != "fp32",
+                      fused_elementwise=bool(settings.get("fused_elementwise")))
 
 
 def test_the_measured_points_are_there():
@@ -126,6 +129,41 @@ def test_loss_chunks_and_the_compute_copy_by_hand():
     assert copy.value("total") - base.value("total") == fp32_bytes // 2
 
 
+def test_fused_elementwise_by_hand():
+    # Per block the fused ops keep one (b, s, d) tensor less per norm (x/rms), two (b, s, d_ff) less in
+    # the gate (sigmoid and SiLU) and no RoPE tables (2 s d/h): 2 bsd + 2 bsf + 2 s d/h elements, 2 bytes each.
+    shape, size = dict(SHAPES[0]), get_size("8B")
+    b, s, d, f, h = 1, 32768, size.d_model, size.d_ff, size.num_heads
+    per_block = 2 * (2 * b * s * d + 2 * b * s * f + 2 * s * d // h)
+    assert saved(shape) - saved(shape, fused_elementwise=True) == size.num_layers * per_block
+    # A checkpointed block keeps what it kept; its recompute (one block at a time) holds the fused block,
+    # which with the loss in chunks (3.7 GB of logits) is the larger transient either way.
+    for mode in ("every", "selective"):
+        kw = dict(checkpoint=mode, loss_chunk_tokens=4096)
+        assert saved(shape, **kw) - saved(shape, **kw, fused_elementwise=True) == per_block
+    assert saved(shape, fused_elementwise=False) == saved(shape)
+
+
+PROXY = LEADERBOARD.parent / "leaderboard_proxy"
+
+
+def test_a_fused_block_not_checkpointed_costs_what_the_one_gpu_proxy_measured():
+    # The one-GPU proxy (8B widths, 12 layers, SDPA, fused, attention kept): 2 of 12 blocks checkpointed
+    # against all 12 is 10 blocks that keep everything instead of their input and attention's outputs.
+    # Both peaks hold the same recompute, so their difference is 10 x (fused block - selective's kept).
+    every, two = (read_result(PROXY / f"ours_sdpa_fused_keep_attention{tail}.json") for tail in ("", "_checkpoint_2"))
+    for r, blocks in ((every, "all"), (two, 2)):
+        st = r["settings"]
+        assert (st["attention"], st["fused_elementwise"], st["keep_attention"], st["checkpoint_blocks"],
+                st["num_layers"], st["context_length"]) == ("sdpa", True, True, blocks, 12, 32768)
+    measured = (two["metrics"]["peak_bytes"] - every["metrics"]["peak_bytes"]) / 10
+    layers = get_size("8B").num_layers
+    predicted = (saved(SHAPES[0], checkpoint="selective", checkpoint_blocks=layers - 10, fused_elementwise=True)
+                 - saved(SHAPES[0], checkpoint="selective", fused_elementwise=True)) / 10
+    print(f"per fused block not checkpointed: predicted {predicted / 1e9:.4f} GB, measured {measured / 1e9:.4f} GB")
+    assert abs(predicted - measured) <= 0.01 * measured
+
+
 def test_the_plan_says_which_checkpointing_it_assumes(capsys):
     argv = ["--model", "8B", "--gpus", "2", "--batch-size", "1", "--context-length", "32768",
             "--attention", "flash"]
@@ -138,7 +176,22 @@ def test_the_plan_says_which_checkpointing_it_assumes(capsys):
 
     assert main(argv + ["--checkpoint", "every", "--json"]) == 0
     setup = json.loads(capsys.readouterr().out)["setup"]
-    assert (setup["checkpoint"], setup["checkpoint_blocks"]) == ("every", 34)
+    assert (setup["checkpoint"], setup["checkpoint_blocks"], setup["fused_elementwise"]) == ("every", 34, False)
+
+
+def test_the_plan_says_when_the_blocks_are_fused(capsys):
+    argv = ["--model", "8B", "--gpus", "2", "--batch-size", "1", "--context-length", "32768", "--attention", "flash"]
+    assert main(argv) == 0
+    assert "fused" not in capsys.readouterr().out
+    assert main(argv + ["--fused-elementwise"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks with fused RMSNorm, SwiGLU gate and RoPE kernels" in out
+    assert "fused RMSNorm, SwiGLU gate and RoPE kernels" in next(line for line in out.splitlines()
+                                                                 if "saved activations" in line)
+    import json
+
+    assert main(argv + ["--fused-elementwise", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["fused_elementwise"] is True
 
 
 @pytest.mark.parametrize("args, message", [

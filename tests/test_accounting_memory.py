@@ -1,15 +1,24 @@
 """Memory and FLOP formulas against the real model on the CPU: saved activations byte for byte
-(saved_tensors_hooks), FLOPs against FlopCounterMode, parameter counts against the size registry."""
+(saved_tensors_hooks), FLOPs against FlopCounterMode, parameter counts against the size registry.
+
+The fused block's saved activations (`memory.fused_block_saved_terms`) are counted where its Triton
+kernels run on CPU tensors: a subprocess with TRITON_INTERPRET=1 (`test_fused_block_in_an_interpreter_process`,
+as in test_leaderboard_fused_ops.py; float32). In this process the fused ops would take the model's
+torch ops, which save what the eager block saves, so the fused count is skipped here with that reason.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from conftest import rerun_under_the_interpreter
 from torch.utils.flop_counter import FlopCounterMode
 
 from cs336sys.accounting import compute, memory
 from cs336sys.accounting.symbols import evaluate
-from cs336sys.model import build_model
+from cs336sys.model import TransformerBlock, build_model
 from cs336sys.optim import cross_entropy
 from cs336sys.sizes import SIZES, forward_flops, parameter_count
 
@@ -40,6 +49,84 @@ def saved_bytes(size: str, batch: int, context: int, with_loss: bool) -> int:
 def test_saved_activations_formula_is_exact_in_fp32(size, batch, context, with_loss):
     formula = memory.model_activation_bytes(4, "naive", with_loss=with_loss)
     assert evaluate(formula, compute.model_values(size, batch, context)) == saved_bytes(size, batch, context, with_loss)
+
+
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 subprocess of "
+                                 "test_fused_block_in_an_interpreter_process (here the fused ops take torch ops)")
+
+# (batch, seq, d_model, heads, d_ff, RoPE table length): a ragged sequence, and tables longer than it
+BLOCK_SHAPES = [(2, 16, 24, 3, 40, 16), (1, 33, 32, 4, 48, 40)]
+
+
+def block_saved_bytes(block: TransformerBlock, forward, x: torch.Tensor) -> int:
+    """Bytes of every distinct storage autograd saves in one block's forward, the block's parameters and
+    buffers excluded: they live anyway (the buffers are the RoPE tables, which the fused RoPE saves views of)."""
+    resident = {t.untyped_storage().data_ptr() for t in (*block.parameters(), *block.buffers())}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in resident:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = forward(x)
+    del y
+    return sum(kept.values())
+
+
+def predicted_block_bytes(attention: str, fused_elementwise: bool, batch: int, seq: int, d_model: int, heads: int,
+                          d_ff: int) -> int:
+    """The block's terms in float32; naive attention also saves its causal mask (one byte per entry: a
+    per-model term of `model_activation_bytes`, shared by the blocks, but saved in this block too)."""
+    shape = {memory.b: batch, memory.s: seq, memory.d: d_model, memory.h: heads, memory.f: d_ff}
+    formula = memory.block_activation_bytes(4, "naive" if attention == "naive" else "flash",
+                                            fused_elementwise=fused_elementwise)
+    return evaluate(formula, shape) + (seq * seq if attention == "naive" else 0)
+
+
+def check_block(attention: str, fused_elementwise: bool, shape: tuple[int, ...]) -> None:
+    batch, seq, d_model, heads, d_ff, table = shape
+    block = TransformerBlock(d_model, heads, d_ff, table, 10000.0, attention)
+    x = torch.randn(batch, seq, d_model, requires_grad=True)
+    if fused_elementwise:
+        from cs336sys.leaderboard.fused_block import fused_block_forward
+
+        params = dict(block.named_parameters())
+        forward = lambda x: fused_block_forward(block, params, x)  # noqa: E731
+    else:
+        forward = block
+    # CPU SDPA saves what flash does: q, k, v, O and the log-sum-exp (the accounting's "flash" terms).
+    assert block_saved_bytes(block, forward, x) == predicted_block_bytes(attention, fused_elementwise, batch,
+                                                                         *shape[1:5])
+
+
+@pytest.mark.parametrize("shape", BLOCK_SHAPES)
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_eager_block_terms_are_exact_in_fp32(attention, shape):
+    # The same count on the module's own block: the harness the fused count below uses agrees with
+    # the terms the model-level test above checks.
+    check_block(attention, False, shape)
+
+
+def test_fused_block_in_an_interpreter_process():
+    pytest.importorskip("triton")
+    if IN_INTERPRETER:
+        pytest.skip("this process already interprets; the fused block's count runs here")
+    rerun_under_the_interpreter(__file__, "fused_block_terms_are_exact", timeout_s=600)
+
+
+@interpreted
+@pytest.mark.parametrize("shape", BLOCK_SHAPES)
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_fused_block_terms_are_exact_in_fp32(attention, shape):
+    from cs336sys.leaderboard import fused_ops
+
+    # the kernels' autograd Functions run (not the torch fallback, which saves what the eager ops save)
+    assert fused_ops.kernels_interpreted()
+    check_block(attention, True, shape)
 
 
 def test_flops_formula_matches_the_flop_counter_on_a_real_cpu_model():

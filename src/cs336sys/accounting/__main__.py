@@ -4,6 +4,9 @@
     python -m cs336sys.accounting --model 10B --gpus 16 --strategy fsdp_tp --tp 4 --hardware h200 --formulas
     python -m cs336sys.accounting --model 8B --gpus 2 --batch-size 1 --context-length 32768 --attention flash \
         --hardware h200 --checkpoint every --loss-chunk-tokens 4096 --compute-copy    # the leaderboard step
+    python -m cs336sys.accounting --model 8B --gpus 2 --batch-size 1 --context-length 32768 --attention flash \
+        --hardware h200 --checkpoint selective --checkpoint-blocks 24 --loss-chunk-tokens 4096 --compute-copy \
+        --fused-elementwise    # ... with fused kernels, attention kept, 24 of 34 blocks checkpointed
 
 Strategies: single (one GPU), ddp (gradients all-reduced), zero1 (DDP + optimizer state sharded, our
 ShardedOptimizer), fsdp (matrices sharded, gathered per use), tp (Megatron-style blocks), fsdp_tp
@@ -59,6 +62,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-copy", action="store_true",
                    help="count a copy of the parameters in the compute dtype kept beside the master weights "
                         "(the leaderboard step's optimizer keeps one per FSDP shard)")
+    p.add_argument("--fused-elementwise", action="store_true",
+                   help="blocks run RMSNorm, the SwiGLU gate and RoPE as the fused kernels of "
+                        "cs336sys.leaderboard.fused_ops, which save fewer activations (the leaderboard step's "
+                        "fused_elementwise)")
     p.add_argument("--formulas", action="store_true", help="print each row's formula under it")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                            context_length=a.context_length, master_dtype=a.master_dtype,
                            compute_dtype=a.compute_dtype, attention=a.attention, checkpoint=a.checkpoint,
                            checkpoint_blocks=a.checkpoint_blocks, loss_chunk_tokens=a.loss_chunk_tokens,
-                           compute_copy=a.compute_copy)
+                           compute_copy=a.compute_copy, fused_elementwise=a.fused_elementwise)
     except ValueError as e:
         p.error(str(e))
     result = plan(setup)

@@ -16,6 +16,12 @@ their input and attention's output ("selective", as the leaderboard step's `keep
 recompute then runs everything but the attention kernel's forward); the other L - K keep everything.
 A checkpointed block's backward recomputes its forward, so one block's activations exist again,
 briefly: that transient is counted once, as it is at the peak.
+
+Fused elementwise kernels (`fused_elementwise`, the leaderboard step's option of that name): each
+block runs RMSNorm, the SwiGLU gate and RoPE as the autograd Functions of
+`cs336sys.leaderboard.fused_ops`, which save fewer tensors than the eager ops
+(`fused_block_saved_terms`); `tests/test_accounting_memory.py` checks that block's count byte for
+byte in float32 too, with the kernels run by Triton's interpreter. The final norm stays eager.
 """
 
 from __future__ import annotations
@@ -111,7 +117,11 @@ def attention_saved_terms(attention: str = "naive") -> list[SavedTerm]:
     raise ValueError(f"unknown attention {attention!r}; known: naive, flash")
 
 
-def block_saved_terms(attention: str = "naive") -> list[SavedTerm]:
+def block_saved_terms(attention: str = "naive", fused_elementwise: bool = False) -> list[SavedTerm]:
+    """What one block keeps for its backward: the eager model's ops, or (`fused_elementwise`) the
+    block of `cs336sys.leaderboard.fused_block` (`fused_block_saved_terms`)."""
+    if fused_elementwise:
+        return fused_block_saved_terms(attention)
     return [
         SavedTerm("RMSNorm input and x/rms (two norms)", 4 * b * s * d, False),
         SavedTerm("RMSNorm rms (two norms)", 2 * b * s, False),
@@ -122,6 +132,35 @@ def block_saved_terms(attention: str = "naive") -> list[SavedTerm]:
         SavedTerm("output projection's input", b * s * d, True),
         SavedTerm("SwiGLU input", b * s * d, False),
         SavedTerm("SwiGLU: w1 x, sigmoid, SiLU, w3 x, their product", 5 * b * s * f, True),
+        *attention_saved_terms(attention),
+    ]
+
+
+def fused_block_saved_terms(attention: str = "naive") -> list[SavedTerm]:
+    """What a block built by `cs336sys.leaderboard.fused_block.fused_block_forward` keeps: the
+    matmuls, the attention call and the residual adds are the eager block's; RMSNorm, the SwiGLU gate
+    and RoPE are the autograd Functions of `cs336sys.leaderboard.fused_ops`, which save
+
+    - `_RMSNormFunction.forward`: `save_for_backward(rows, weight, rstd)`: the norm's input x itself
+      (`rows` is a view of it), the gain (a parameter) and 1/rms per row, always float32. The eager
+      norm keeps x, x/rms and rms: one (b, s, d) tensor less per norm.
+    - `_SiluGateFunction.forward`: `save_for_backward(a, b)`: w1 x and w3 x, its two inputs; its
+      output, w2's input, is saved by that matmul. The eager gate also keeps sigmoid(w1 x) and
+      silu(w1 x): two (b, s, d_ff) tensors less.
+    - `_RotaryFunction.forward`: `save_for_backward(cos, sin)` and not its input. cos and sin are the
+      block's RoPE tables (`rope.cos[:s]`, `rope.sin[:s]`: float32 buffers, which `.float().contiguous()`
+      leaves as views), resident whether or not autograd keeps them, like a parameter: no bytes. The
+      eager RoPE indexes the tables into new tensors for q and for k (its 2 s d/h term).
+    """
+    return [
+        SavedTerm("RMSNorm input (two norms)", 2 * b * s * d, False),
+        SavedTerm("RMSNorm 1/rms (two norms)", 2 * b * s, False),
+        SavedTerm("q, k, v projections' input", b * s * d, False),
+        SavedTerm("q and k after RoPE", 2 * b * s * d, True),
+        SavedTerm("v", b * s * d, True),
+        SavedTerm("output projection's input", b * s * d, True),
+        SavedTerm("SwiGLU input", b * s * d, False),
+        SavedTerm("SwiGLU gate's inputs w1 x and w3 x, and its output", 3 * b * s * f, True),
         *attention_saved_terms(attention),
     ]
 
@@ -149,17 +188,18 @@ def _bytes_of(terms: list[SavedTerm], bytes_per_element: int, tp: sp.Expr) -> sp
     return bytes_per_element * sp.Add(*(t.elements / (tp if t.split_by_tp else 1) for t in terms))
 
 
-def block_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1) -> sp.Expr:
-    return _bytes_of(block_saved_terms(attention), bytes_per_element, tp)
+def block_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1,
+                           fused_elementwise: bool = False) -> sp.Expr:
+    return _bytes_of(block_saved_terms(attention, fused_elementwise), bytes_per_element, tp)
 
 
 def blocks_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1,
-                            checkpoint: str = "none") -> tuple[sp.Expr, sp.Expr]:
+                            checkpoint: str = "none", fused_elementwise: bool = False) -> tuple[sp.Expr, sp.Expr]:
     """The L blocks' saved activations, K of them checkpointed (K a symbol: the plan gives it a
     value), as (kept from the forward, transient of the backward). A checkpointed block's recompute
     holds one block's activations again, one block at a time: the transient, Min(K, 1) blocks (none
     when K = 0), less what "selective" kept, which the recompute reuses instead of making anew."""
-    full = block_activation_bytes(bytes_per_element, attention, tp)
+    full = block_activation_bytes(bytes_per_element, attention, tp, fused_elementwise)
     if checkpoint == "none":
         return L * full, sp.Integer(0)
     kept_terms = checkpointed_block_terms(attention, checkpoint)
@@ -169,14 +209,16 @@ def blocks_activation_bytes(bytes_per_element: int = 4, attention: str = "naive"
 
 
 def model_activation_bytes(bytes_per_element: int = 4, attention: str = "naive", tp: sp.Expr = 1,
-                           with_loss: bool = True, checkpoint: str = "none", loss_chunked: bool = False) -> sp.Expr:
+                           with_loss: bool = True, checkpoint: str = "none", loss_chunked: bool = False,
+                           fused_elementwise: bool = False) -> sp.Expr:
     """All blocks (`blocks_activation_bytes`), plus what is saved once per model: the token ids
     (int64), the causal mask the naive attention caches (one byte per entry, shared by the blocks),
     the final norm and the LM head's input, and (`with_loss`) what our cross-entropy keeps (logits,
     their shifted exponentials, max and sum; int64 targets). `loss_chunked`: the loss runs over
     chunks of c tokens (the leaderboard step's fused head, or checkpointed chunks), so the logits
-    and what is computed from them exist for one chunk at a time."""
-    kept, transient = blocks_activation_bytes(bytes_per_element, attention, tp, checkpoint)
+    and what is computed from them exist for one chunk at a time. `fused_elementwise`: the blocks
+    run the fused kernels (`fused_block_saved_terms`); what is saved once per model is the same."""
+    kept, transient = blocks_activation_bytes(bytes_per_element, attention, tp, checkpoint, fused_elementwise)
     total = kept + 8 * b * s + bytes_per_element * (3 * b * s * d + b * s)
     if attention == "naive":
         total += s**2

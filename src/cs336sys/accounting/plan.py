@@ -18,6 +18,7 @@ from cs336sys.accounting.symbols import N_FSDP, N_TP, K, N, W, b, c, evaluate, s
 from cs336sys.sizes import ModelSize, get_size
 
 BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+FUSED = "fused RMSNorm, SwiGLU gate and RoPE kernels"  # the leaderboard step's fused_elementwise
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Setup:
     checkpoint_blocks: int | None = None  # K blocks checkpointed; None: all of them (0 when checkpoint is none)
     loss_chunk_tokens: int | None = None  # cross-entropy over chunks of this many tokens; None: whole logits
     compute_copy: bool = False  # a compute-dtype copy of the parameters is kept (what FSDP's gathers send)
+    fused_elementwise: bool = False  # the blocks' RMSNorm, SwiGLU gate and RoPE: FUSED (memory.fused_block_saved_terms)
 
     @property
     def checkpointed(self) -> int:
@@ -168,15 +170,19 @@ def plan(setup: Setup) -> Plan:
     if setup.compute_copy:  # e.g. the leaderboard step: its optimizer rewrites a bf16 copy of each shard
         state.append(add("memory per GPU", "parameters, compute-dtype copy", memory.parameter_bytes(strategy, act),
                          "B", f"{setup.compute_dtype}, kept beside the {setup.master_dtype} master weights"))
-    # The count is tested for the unsplit eager model in fp32 with naive attention, no checkpointing.
+    # The count is tested for the unsplit eager model in fp32 with naive attention, no checkpointing
+    # (the fused block's terms are tested apart, block by block).
     exact = (setup.compute_dtype == "fp32" and setup.attention == "naive" and tp == 1
-             and setup.checkpointed == 0 and setup.loss_chunk_tokens is None)
+             and setup.checkpointed == 0 and setup.loss_chunk_tokens is None and not setup.fused_elementwise)
     formula = memory.model_activation_bytes(act, setup.attention, tp, checkpoint=setup.checkpoint,
-                                            loss_chunked=setup.loss_chunk_tokens is not None)
+                                            loss_chunked=setup.loss_chunk_tokens is not None,
+                                            fused_elementwise=setup.fused_elementwise)
+    fused = f"; {FUSED}" if setup.fused_elementwise else ""
     activations = add("memory per GPU", "saved activations", formula, "B",
                       ("as the eager model saves them (tested)" if exact else "estimate: the exact fp32 count, at "
                        f"{act} bytes per element ({setup.compute_dtype} compute)"
-                       f"{', split as tensor parallelism would' if tp != 1 else ''}") + f"; {setup.checkpoint_note()}")
+                       f"{', split as tensor parallelism would' if tp != 1 else ''}") + f"; {setup.checkpoint_note()}"
+                      + fused)
     total = sum(state) + activations
     out.rows.append(Row("memory per GPU", "total", total, "B", None,
                         "fits" if total <= hw.memory else f"does not fit in {hw.memory / 1e9:.1f} GB"))
@@ -218,7 +224,8 @@ def render(p: Plan, formulas: bool = False) -> str:
              f"strategy {s.strategy} on {s.gpus} GPU(s)" + (f" (tensor-parallel groups of {s.tp})" if s.tp > 1 else "")
              + f"; batch {s.batch_size} x context {s.context_length} per data-parallel rank; "
              f"master {s.master_dtype}, compute {s.compute_dtype}, {s.attention} attention",
-             f"activations: {s.describe_checkpointing()}; loss over "
+             f"activations: {s.describe_checkpointing()}; "
+             + (f"blocks with {FUSED}; " if s.fused_elementwise else "") + "loss over "
              + (f"chunks of {s.loss_chunk_tokens} tokens" if s.loss_chunk_tokens else "the whole logits"),
              f"hardware {hw.name}: C = {hw.flops / 1e12:,.1f} TFLOP/s ({hw.flops_source})",
              f"  W = {hw.bandwidth / 1e9:,.1f} GB/s ({hw.bandwidth_source})",
@@ -245,6 +252,7 @@ def as_json(p: Plan) -> dict:
                       "attention": p.setup.attention, "checkpoint": p.setup.checkpoint,
                       "checkpoint_blocks": p.setup.checkpointed, "checkpointing": p.setup.describe_checkpointing(),
                       "loss_chunk_tokens": p.setup.loss_chunk_tokens, "compute_copy": p.setup.compute_copy,
+                      "fused_elementwise": p.setup.fused_elementwise,
                       "hardware": p.setup.hardware.as_dict()},
             "rows": [{"group": r.group, "quantity": r.quantity, "value": r.value, "unit": r.unit,
                       "formula": str(r.formula) if r.formula is not None else None, "note": r.note} for r in p.rows]}
