@@ -303,3 +303,25 @@ def test_proxy_results_are_a_table_of_their_own_and_absent_without_them(tmp_path
     out2.mkdir()
     plain = leaderboard.build(steps, out2, **GRID)
     assert "proxy" not in plain.tables and "proxy" not in _render(plain, tmp_path / "plain")
+
+
+def test_an_entry_that_misses_the_target_is_set_against_its_config_with_cudnn_attention(tmp_path):
+    """Where the entry's config also ran with SDPA's attention (another job), the summary's reason is the
+    time between the two: what our attention kernels cost. Without that twin it names the kernel families."""
+    entry_ms = random.uniform(5200.0, 6000.0)
+    twin_ms = entry_ms - random.uniform(300.0, 600.0)
+    options = {"fused_elementwise": True, "keep_attention": True, "checkpoint_blocks": 24}
+    paths = [_point(tmp_path, "pytorch_parts", entry_ms * 1.2, variant="pytorch_parts", job="entry"),
+             _point(tmp_path, "ours_fused_24", entry_ms, job="entry", attention="flash_tuned", **options),
+             _point(tmp_path, "ours_sdpa_fused_24", twin_ms, job="headline", attention="sdpa", **options),
+             _point(tmp_path, "ours_sdpa_24", twin_ms - 50.0, job="headline", attention="sdpa",
+                    checkpoint_blocks=24)]  # faster, but not the same config
+    (tmp_path / "out").mkdir()
+    ctx = leaderboard.build(paths, tmp_path / "out", **GRID)
+    assert ctx.entry["config"] == "ours_fused_24" and not ctx.entry["step_ok"]
+    why = ctx.summary[0]["why"]
+    assert why == (f"the same config with cuDNN's attention (`ours_sdpa_fused_24`, job headline) takes "
+                   f"{twin_ms / 1e3:.2f} s: our attention kernels cost the {(entry_ms - twin_ms) / 1e3:.2f} s between")
+    (tmp_path / "alone").mkdir()
+    alone = leaderboard.build(paths[:2], tmp_path / "alone", **GRID)
+    assert "cuDNN's attention (`" not in (alone.summary[0]["why"] or "")

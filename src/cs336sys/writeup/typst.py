@@ -28,10 +28,10 @@ _TABLE_CAPTION = re.compile(r'^<a id="(tbl-[^"]+)"></a>(.*)$')
 _FIGURE_CAPTION = re.compile(r'^<a id="(fig-[^"]+)"></a>(.*)$')
 _IMAGE = re.compile(r"^!\[[^\]]*\]\(([^)\s]+)\)\s*$")
 _LINK = re.compile(r"\]\(#([^)\s]+)\)")
-# In a table row: code spans and link targets (kept whole), and names of three or more parts joined by
-# underscores (`ours_sdpa_fused_keep_attention_checkpoint_24`), which get a break opportunity after each
-# underscore, as a table's narrow column needs; Typst breaks nothing else inside a word.
-_KEPT = re.compile(r"(`[^`]*`|\]\([^)]*\))")
+# In a table row: link targets (kept whole), and names of three or more parts joined by underscores
+# (`ours_sdpa_fused_keep_attention_checkpoint_24`, in code or not), which get a break opportunity after
+# each underscore, as a table's narrow column needs; Typst breaks nothing else inside a word.
+_KEPT = re.compile(r"(\]\([^)]*\))")
 _LONG_NAME = re.compile(r"\b[A-Za-z0-9.]+(?:_[A-Za-z0-9.]+){2,}\b")
 
 
@@ -48,7 +48,7 @@ def _paragraph(lines: list[str], i: int) -> tuple[str, int]:
 
 
 def breakable(row: str) -> str:
-    """A table row with a zero-width space after each underscore of a long name outside code and links."""
+    """A table row with a zero-width space after each underscore of a long name outside link targets."""
     return "".join(part if i % 2 else _LONG_NAME.sub(lambda m: m.group(0).replace("_", "_\u200b"), part)
                    for i, part in enumerate(_KEPT.split(row)))
 
