@@ -138,7 +138,7 @@ def build(paths: list[Path], out: Path, **_: object) -> DDPContext:
 def _views_for_missed(ctx: DDPContext) -> None:
     """A grid job that misses a target gets the bucket views' result of its own 2-rank host job (same
     size and dtype), which the section and the summary quote."""
-    views = {(h["size"], h["dtype"]): h["views"] | {"job": h}
+    views = {(h["size"], h["dtype"]): h["views"]
              for h in ctx.ddp_host_jobs or [] if not h["proxy"] and (h["world_size"] or 0) > 1 and "views" in h}
     for j in ctx.ddp_jobs or []:
         if j.get("missed") and (j["size"], j["dtype"]) in views:
