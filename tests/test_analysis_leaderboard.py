@@ -189,6 +189,8 @@ CUDNN_BPROP = "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_
     ("flash_forward_kernel", "compute", "attention forward"),
     ("backward_kernel", "compute", "attention backward"),
     ("backward_delta_kernel", "compute", "attention backward"),
+    ("flash_forward_gluon_ws_kernel", "compute", "attention forward"),  # the Gluon kernels (attention "gluon")
+    ("flash_backward_gluon_ws_kernel", "compute", "attention backward"),
     (CUDNN_FPROP, "compute", "attention forward"),  # says wgmma too: attention is matched first
     (CUDNN_BPROP, "compute", "attention backward"),
     ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN", "compute", "matmuls"),

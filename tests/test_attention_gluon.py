@@ -88,11 +88,11 @@ def test_forward_tiles_cover_the_head_dims():
 
 def test_backward_choice(monkeypatch):
     monkeypatch.delenv(BACKWARD_ENV, raising=False)
-    assert backward_choice() == "tl"  # the default: the faster backward on an H100 so far
+    assert backward_choice() == "gluon"  # the default: the warp-specialised Gluon backward, the faster one
+    assert backward_choice("tl") == "tl"
+    monkeypatch.setenv(BACKWARD_ENV, "tl")
+    assert backward_choice() == "tl"
     assert backward_choice("gluon") == "gluon"
-    monkeypatch.setenv(BACKWARD_ENV, "gluon")
-    assert backward_choice() == "gluon"
-    assert backward_choice("tl") == "tl"  # the argument wins over the environment
     monkeypatch.setenv(BACKWARD_ENV, "cudnn")
     with pytest.raises(ValueError, match=BACKWARD_ENV):
         backward_choice()
@@ -118,6 +118,9 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 64, 2, 8), "16 keys per warp"),
     (GluonBackwardTiles(32, 64, 2, 4), "query tiles of 64 rows"),
     (GluonBackwardTiles(128, 128, 2, 8), "query tiles of 64 rows"),
+    (GluonBackwardTiles(64, 64, 2, 4, consumer_regs=240), "warp-specialised backward takes q64/kv128"),
+    (GluonBackwardTiles(64, 128, 2, 8, consumer_regs=240), "warp-specialised backward takes q64/kv128"),
+    (GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False, rotate=True), "share dS"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)

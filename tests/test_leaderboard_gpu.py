@@ -129,6 +129,7 @@ OPTIONS = {
     "flash_tuned_fused_keep": (SMALL_D128, {"attention": "flash_tuned", "fused_elementwise": True,
                                             "keep_attention": True}),
     "sdpa_fused_keep": (SMALL_D128, {"attention": "sdpa", "fused_elementwise": True, "keep_attention": True}),
+    "gluon_fused_keep": (SMALL_D128, {"attention": "gluon", "fused_elementwise": True, "keep_attention": True}),
 }
 
 
@@ -137,8 +138,14 @@ OPTIONS = {
 def test_step_in_bf16_matches_the_plain_model(world, options):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs ({torch.cuda.device_count()} visible)")
-    seed = _seed()
     size, kwargs = OPTIONS[options]
+    if kwargs.get("attention") == "gluon":
+        from cs336sys.leaderboard.attention import gluon_device_refusal
+
+        reason = gluon_device_refusal("cuda")
+        if reason:
+            pytest.skip(reason)
+    seed = _seed()
     for rank, r in enumerate(spawn(_step_against_plain_model, world, seed, size, kwargs, device="cuda",
                                    timeout_s=300)):
         # bf16 compute against fp32: ~1e-3 on the loss. The parameters are compared through the three
@@ -177,18 +184,26 @@ def test_tuned_tiles_against_float64():
     assert errors["tuned"] < 2e-2
 
 
-def test_flash_tuned_forward_is_kept_through_the_checkpoint():
+@pytest.mark.parametrize("attention,op", [("flash_tuned", "cs336sys_leaderboard.flash_forward.default"),
+                                          ("gluon", "cs336sys_leaderboard.gluon_forward.default")])
+def test_attention_forward_is_kept_through_the_checkpoint(attention, op):
     """Compiled, as under the interpreter (test_leaderboard_options.py): one forward per checkpointed
     block with keep_attention, two without."""
-    from test_leaderboard_options import FLASH_FORWARD, OpCounter
+    from test_leaderboard_options import OpCounter
 
+    if attention == "gluon":
+        from cs336sys.leaderboard.attention import gluon_device_refusal
+
+        reason = gluon_device_refusal("cuda")
+        if reason:
+            pytest.skip(reason)
     counts = {}
     for keep in (True, False):
-        spec = LeaderboardSpec(size=SMALL_D128, context_length=SEQ, compute_dtype="bf16", attention="flash_tuned",
+        spec = LeaderboardSpec(size=SMALL_D128, context_length=SEQ, compute_dtype="bf16", attention=attention,
                                keep_attention=keep, ce_chunk_tokens=128)
         step = build_leaderboard_step(spec, "cuda")
         with OpCounter() as counter:
             step.run()
-        counts[keep] = counter.counts[FLASH_FORWARD]
+        counts[keep] = counter.counts[op]
     layers = SMALL_D128.num_layers
     assert counts == {True: layers, False: 2 * layers}

@@ -26,6 +26,7 @@ import test_leaderboard_step as base  # noqa: E402
 from cs336sys.leaderboard.attention import (  # noqa: E402
     BACKWARD_8B,
     FORWARD_8B,
+    KEPT_OPS,
     keep_attention_context,
     tuned_flash_attention,
     tuned_tiles,
@@ -116,6 +117,15 @@ def test_keep_attention_runs_sdpa_forward_once_per_block(policy, checkpointed):
 def test_keep_attention_needs_an_attention_it_can_keep():
     with pytest.raises(ValueError, match="keep_attention keeps the forward of attention sdpa or flash_tuned"):
         LeaderboardSpec(size=base.TINY, context_length=base.SEQ, attention="flash", keep_attention=True)
+
+
+def test_gluon_attention_is_refused_off_a_hopper_gpu():
+    """Attention "gluon" is a step option (kept through a checkpoint like flash_tuned), refused when the
+    step is built where the Gluon kernels cannot run, with the reason."""
+    spec = LeaderboardSpec(size=TINY_D16, context_length=base.SEQ, attention="gluon", keep_attention=True)
+    assert torch.ops.cs336sys_leaderboard.gluon_forward.default in KEPT_OPS
+    with pytest.raises(ValueError, match="attention 'gluon': the Gluon kernels need a Hopper CUDA GPU, got device cpu"):
+        build_leaderboard_step(spec, "cpu")
 
 
 def test_tuned_tiles_only_where_they_were_measured():

@@ -64,6 +64,11 @@ VARIANTS = {  # name -> tiles per head dim
     "ws_deep": {64: GluonTiles(128, 128, 4, 4, True, 240), 128: GluonTiles(128, 128, 3, 4, True, 240)},
     "ws_n64_deep": {64: GluonTiles(128, 64, 8, 4, True, 240), 128: GluonTiles(128, 64, 6, 4, True, 240)},
     "ws_r200": {64: GluonTiles(128, 128, 3, 4, True, 200), 128: GluonTiles(128, 128, 2, 4, True, 200)},
+    "ws_tiles_first": {64: GluonTiles(128, 128, 3, 4, True, 240, tiles_first=True),
+                       128: GluonTiles(128, 128, 3, 4, True, 240, tiles_first=True)},
+    "ws_tiles_first_deep": {64: GluonTiles(128, 128, 4, 4, True, 240, tiles_first=True),
+                            128: GluonTiles(128, 128, 3, 4, True, 240, tiles_first=True)},
+    "ws_d128s3": {64: GluonTiles(128, 128, 3, 4, True, 240), 128: GluonTiles(128, 128, 3, 4, True, 240)},
 }
 
 
@@ -93,7 +98,8 @@ def record(**row) -> dict:
 
 
 def bench(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    # about 25 calls at the 2026 shape (40-60 ms each), hundreds at the 2025 shape
+    return float(triton.testing.do_bench(fn, warmup=200, rep=1000, return_mode="median"))
 
 
 def check(tiles: GluonTiles, d: int) -> float:
@@ -243,6 +249,37 @@ def profile(shape_names: list[str], names: list[str]) -> None:
             torch.cuda.profiler.stop()
 
 
+def profile_backward(shape_names: list[str], names: list[str]) -> None:
+    """The backward alone, once warm, then once inside a profiler range: 'cudnn' (autograd.grad over one
+    retained SDPA graph) or an index into BACKWARD_VARIANTS[d] (the launcher called directly)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for shape_name in shape_names:
+        shape = SHAPES[shape_name]
+        d = shape[-1]
+        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        out, lse = flash_attention_gluon_forward(q, k, v, True)
+        for name in names:
+            if name == "cudnn":
+                q4, k4, v4, do4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v, do))
+                inputs = tuple(t.detach().requires_grad_() for t in (q4, k4, v4))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    graph = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=True)
+
+                def fn(graph=graph, inputs=inputs, do4=do4):
+                    torch.autograd.grad(graph, inputs, do4, retain_graph=True)
+            else:
+                tiles = BACKWARD_VARIANTS[d][int(name)]
+                fn = lambda tiles=tiles, a=(q, k, v, out, lse, do): flash_attention_gluon_backward(*a, True, tiles)
+            fn()
+            torch.cuda.synchronize()
+            print(f"== {shape_name} backward {name}", flush=True)
+            torch.cuda.profiler.start()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+
+
 def main() -> None:
     global OUT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -256,11 +293,16 @@ def main() -> None:
                     "its rows (cuDNN's and the tl backward's included)")
     ap.add_argument("--profile", default="", help="only run these variants (and 'cudnn') once each inside a "
                     "profiler range, for `ncu --profile-from-start off`")
+    ap.add_argument("--ws-only", action="store_true", help="of the Gluon backwards, only the warp-specialised")
+    ap.add_argument("--profile-backward", default="", help="as --profile for the backward alone: 'cudnn' or "
+                    "indices into BACKWARD_VARIANTS[d]")
     args = ap.parse_args()
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
     if args.profile:
         return profile(args.shapes.split(","), args.profile.split(","))
+    if args.profile_backward:
+        return profile_backward(args.shapes.split(","), args.profile_backward.split(","))
     names = [] if args.backward_only else list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     record(kind="env", gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
            default_tiles={d: str(t) for d, t in FORWARD_TILES.items()},
@@ -269,6 +311,8 @@ def main() -> None:
     for d, variants in ([] if args.no_backward else BACKWARD_VARIANTS.items()):
         good_bwd[d] = []
         for tiles in variants:
+            if args.ws_only and not tiles.consumer_regs:
+                continue
             if args.no_check:
                 good_bwd[d].append(tiles)
                 continue

@@ -61,6 +61,7 @@ def _catch_launches(opts) -> list:
     from cs336sys.attention import (
         flash_gluon,
         flash_gluon_backward,
+        flash_gluon_backward_ws,
         flash_gluon_forward,
         flash_gluon_forward_ws,
         flash_triton_backward,
@@ -68,7 +69,7 @@ def _catch_launches(opts) -> list:
 
     caught = []
     patched = [(flash_triton_backward.backward_delta_kernel, "run"), (flash_gluon, "check_gluon_inputs")]
-    for module in (flash_gluon_forward, flash_gluon_forward_ws, flash_gluon_backward):
+    for module in (flash_gluon_forward, flash_gluon_forward_ws, flash_gluon_backward, flash_gluon_backward_ws):
         patched += [(value, "run") for value in vars(module).values()
                     if isinstance(value, JITFunction) and value.__module__ == module.__name__
                     and value.__name__.endswith("_kernel")]

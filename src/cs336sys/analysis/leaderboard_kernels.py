@@ -17,10 +17,14 @@ SHORT = {"attention forward": "attn. fwd", "attention backward": "attn. bwd", "o
 
 # Kernel families, by name, tried in this order (cuDNN's attention kernels also say "wgmma", so attention
 # is matched before the matmuls). Ours: flash_forward_kernel, backward_kernel and backward_delta_kernel
-# (cs336sys.attention.flash_triton_*); SDPA's: cuDNN "sdpa ... fprop/bprop" or FlashAttention "flash_fwd/bwd".
+# (cs336sys.attention.flash_triton_*), the Gluon flash_forward_gluon(_ws)_kernel and
+# flash_backward_gluon(_ws)_kernel (cs336sys.attention.flash_gluon_*); SDPA's: cuDNN "sdpa ... fprop/bprop"
+# or FlashAttention "flash_fwd/bwd".
 KERNEL_FAMILIES = (
-    ("attention forward", ("flash_forward_kernel", "sdpa_sm90_flash_fprop", "fprop", "flash_fwd", "fmha_fwd")),
-    ("attention backward", ("backward_kernel", "backward_delta_kernel", "bprop", "flash_bwd", "fmha_bwd")),
+    ("attention forward", ("flash_forward_kernel", "flash_forward_gluon", "sdpa_sm90_flash_fprop", "fprop",
+                           "flash_fwd", "fmha_fwd")),
+    ("attention backward", ("backward_kernel", "flash_backward_gluon", "backward_delta_kernel", "bprop", "flash_bwd",
+                            "fmha_bwd")),
     ("matmuls", ("nvjet", "gemm", "xmma", "cutlass", "wgmma")),
     ("optimizer", ("adamw_kernel", "multi_tensor_apply", "fused_adam", "_fused_adamw")),
 )

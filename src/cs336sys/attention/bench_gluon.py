@@ -2,8 +2,8 @@
 `flash_leaderboard` points are (`bench.measure_leaderboard_point`), so the section sets it beside ours
 (`tl`), cuDNN and SDPA's FlashAttention-2 of the same GPU model.
 
-impl "gluon": the Gluon forward and the `tl` backward with the point's backward tiles (the faster
-backward so far); "gluon_bwd": the Gluon forward and the Gluon backward; "sdpa_cudnn": cuDNN through
+impl "gluon": the Gluon forward and the `tl` backward with the point's backward tiles; "gluon_bwd":
+the Gluon forward and the Gluon backward (warp-specialised, `flash_gluon_backward_ws`); "sdpa_cudnn": cuDNN through
 SDPA as `bench.run_leaderboard_point` runs it, the baseline measured in the Gluon job's own process
 (the ratios compare times of one process). The Gluon kernels are called eagerly (the `tl`
 kernels' points go through torch.compile, which the Gluon launchers are not written for). Where the

@@ -3,13 +3,14 @@
 `FlashAttentionGluon.apply(q, k, v, is_causal=False)` takes (batch, seq, d) or (batch, heads, seq, d)
 tensors in bfloat16 or float16 with d in {64, 128} on a Hopper (compute capability 9.0) CUDA GPU, where
 Triton ships Gluon (3.6 on the GPU hosts). The forward is the Gluon kernel
-(`flash_gluon_forward.flash_forward_gluon_kernel`, warp-specialised by default); the backward is the
-Gluon backward (`flash_gluon_backward`, 5 products per tile pair, dQ by fp32 atomics) or the
-`triton.language` backward (`flash_triton.flash_attention_triton_backward`), both from the same
-natural-log L: `FlashAttentionGluon.apply(q, k, v, is_causal, backward)` with backward "gluon" or "tl",
-or None for the environment variable CS336SYS_GLUON_BACKWARD (default "tl", the faster of the two so
-far). Anything else is refused with `GluonUnsupported`, which says why: the `tl` kernels
-(`flash_triton`) are the fallback everywhere the Gluon path cannot run.
+(`flash_gluon_forward_ws`, warp-specialised, by default); the backward is the Gluon backward
+(`flash_gluon_backward_ws` by default: warp-specialised, 5 products per tile pair, dQ by TMA
+reduce-add; or the single-partition `flash_gluon_backward`) or the `triton.language` backward
+(`flash_triton.flash_attention_triton_backward`), both from the same natural-log L:
+`FlashAttentionGluon.apply(q, k, v, is_causal, backward)` with backward "gluon" or "tl", or None for the
+environment variable CS336SYS_GLUON_BACKWARD (default "gluon", the faster of the two). Anything else
+is refused with `GluonUnsupported`, which says why: the `tl` kernels (`flash_triton`) are the fallback
+everywhere the Gluon path cannot run.
 """
 
 from __future__ import annotations
@@ -43,37 +44,60 @@ class GluonTiles:
     overlap: bool
     consumer_regs: int = 0  # 0: not warp-specialised
     producer_regs: int = 24
+    tiles_first: bool = False  # warp-specialised: grid (query tiles, batch*heads), so CTAs share a head's K, V
 
     def __str__(self) -> str:
         if self.consumer_regs:
-            return f"{self.block_m}x{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/{self.producer_regs}"
+            return (f"{self.block_m}x{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/{self.producer_regs}"
+                    + ("/tiles-first" if self.tiles_first else ""))
         schedule = "overlap" if self.overlap else "serial"
         return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.stages}/{schedule}"
 
 
 # The forward's tiles by head dimension: the warp-specialised kernel (producer warp, two consumer
-# warpgroups of 64 rows each), 128 keys a tile, as deep a ring as shared memory holds beside Q.
-# Measured against the other schedules in notes/flash_attention.md ("Gluon kernels (Hopper)").
+# warpgroups of 64 rows each), 128 keys a tile, as deep a ring as shared memory holds beside Q (4 slots
+# at d 64, 3 at d 128), and the grid's first axis the query tiles, so that the CTAs running together
+# share one head's K and V in L2. On one H100, 2026 shape: 13.8 ms against 14.8 with the heads first
+# (cuDNN 14.2); 2025 shape 1.33 ms (cuDNN 1.26). notes/flash_attention.md, "Warp-specialised backward".
 FORWARD_TILES = {
-    64: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),
-    128: GluonTiles(128, 128, 3, 4, True, consumer_regs=240),  # Q 32 KiB + 3 x 64 KiB of K, V: 229.7 KB
+    64: GluonTiles(128, 128, 4, 4, True, consumer_regs=240, tiles_first=True),
+    # Q 32 KiB + 3 x 64 KiB of K, V: 229.7 KB
+    128: GluonTiles(128, 128, 3, 4, True, consumer_regs=240, tiles_first=True),
 }
 
 
 @dataclass(frozen=True)
 class GluonBackwardTiles:
     """One launch of the Gluon backward: query rows per step (the Q/dO ring's tiles), keys per program
-    (K and V held in shared memory), ring depth, warps (4 per warpgroup; each warp owns 16 keys)."""
+    (K and V held in shared memory), ring depth, warps (4 per warpgroup; each warp owns 16 keys).
+    Warp-specialised (`flash_gluon_backward_ws`) when consumer_regs is set: a producer warp and two
+    4-warp consumer warpgroups of 64 keys each, with those registers per thread (then block_m is 64,
+    block_n 128 and num_warps 4, the default partition's)."""
     block_m: int
     block_n: int
     stages: int
     num_warps: int
+    consumer_regs: int = 0  # 0: not warp-specialised
+    producer_regs: int = 24
+    shared_ds: bool = True  # warp-specialised: dQ over both halves' dS (else each warpgroup's own keys)
+    tiles_first: bool = True  # warp-specialised: grid (key tiles, batch*heads), so CTAs share a head's Q, dO
+    rotate: bool = False  # warp-specialised: a step's dK and dQ products issued in the next step
 
     def __str__(self) -> str:
+        if self.consumer_regs:
+            return (f"bwd q{self.block_m}/kv{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/"
+                    f"{self.producer_regs}" + ("" if self.shared_ds else "/own-dq")
+                    + ("" if self.tiles_first else "/heads-first") + ("/rotated" if self.rotate else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
         """Why the backward kernel cannot take these tiles (None: it can)."""
+        if self.consumer_regs:
+            if (self.block_m, self.block_n, self.num_warps) != (64, 128, 4):
+                return f"{self}: the warp-specialised backward takes q64/kv128 and 4-warp consumers"
+            if self.rotate and not self.shared_ds:
+                return f"{self}: the rotated steps share dS between the warpgroups"
+            return None
         if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
             return f"{self}: whole warpgroups, 16 keys per warp"
         if self.block_m != 64:  # one warpgroup MMA high; keys, a multiple of 64, line up on the diagonal
@@ -83,14 +107,25 @@ class GluonBackwardTiles:
         return None
 
 
-# The backward's tiles by head dimension (first: the default). 64 query rows (one warpgroup's MMA
-# height) a step; 128 keys a program for two warpgroups (FlashAttention-3's Hopper choice at d 64 and
-# d 128). All compile for sm_90 without spills (tools/gluon_compile_check.py, Triton 3.6). On one H100 the
-# 3-deep ring was fastest (2026 shape 56.9 ms against 68.9 with 2 slots) but still 1.42x cuDNN's backward,
-# behind the tl backward's 1.30x: notes/flash_attention.md ("Gluon backward (Hopper)").
+# The backward's tiles by head dimension (first: the default): the warp-specialised kernel
+# (`flash_gluon_backward_ws`: a producer warp, two consumer warpgroups of 64 keys each, dQ by TMA
+# reduce-add), grid key tiles first. At d 64 a 4-deep Q/dO ring and each step's dK and dQ products
+# issued in the next step (`flash_gluon_backward_rotated`); at d 128 the 2 slots shared memory holds and
+# no rotation (it spills there: 720-1364 bytes). On one H100: 1.09x and 1.08x cuDNN's backward at the
+# 2025 and 2026 shapes, against 1.31x for the `tl` backward (notes/flash_attention.md, "Warp-specialised
+# backward"). Then the variants measured beside them, and the single-partition kernel
+# (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
-    64: [GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
-    128: [GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
+    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=True),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240), GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, shared_ds=False),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, tiles_first=False),
+         GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
+    128: [GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=True),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, tiles_first=False),
+          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
 }
 BACKWARD_TILES = {d: variants[0] for d, variants in BACKWARD_VARIANTS.items()}
 BACKWARDS = ("gluon", "tl")
@@ -99,8 +134,8 @@ BACKWARD_ENV = "CS336SYS_GLUON_BACKWARD"
 
 def backward_choice(choice: str | None = None) -> str:
     """Which backward `FlashAttentionGluon` runs: `choice` if given, else $CS336SYS_GLUON_BACKWARD, else
-    "tl" (measured faster than the Gluon backward so far)."""
-    choice = choice or os.environ.get(BACKWARD_ENV) or "tl"
+    "gluon" (the warp-specialised Gluon backward, measured faster than the `tl` one)."""
+    choice = choice or os.environ.get(BACKWARD_ENV) or "gluon"
     if choice not in BACKWARDS:
         raise ValueError(f"unknown Gluon backward {choice!r} (from {BACKWARD_ENV} or the argument); "
                          f"known: {', '.join(BACKWARDS)}")
@@ -142,6 +177,15 @@ def capability_refusal(capability: tuple[int, int], name: str) -> str | None:
     return None
 
 
+def device_refusal(device: str | torch.device) -> str | None:
+    """Why the Gluon kernels cannot run on this device (None: a Hopper GPU with Gluon's Hopper layer)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"the Gluon kernels need a Hopper CUDA GPU, got device {device}"
+    return (capability_refusal(torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device))
+            or gluon_import_error())
+
+
 def check_gluon_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
     reason = gluon_refusal(q, k, v, is_causal)
     if reason is not None:
@@ -178,6 +222,8 @@ def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     out = torch.empty_like(q)
     lse = torch.empty(lead + [seq_q], dtype=torch.float32, device=q.device)
     grid = (bh, math.ceil(seq_q / tiles.block_m))
+    if tiles.tiles_first:
+        grid = grid[::-1]
     qk_scale = 1.4426950408889634 / math.sqrt(d)
     k_desc, v_desc = descriptor(k, seq_k, tiles.block_n), descriptor(v, seq_k, tiles.block_n)
     if tiles.consumer_regs:
@@ -188,7 +234,8 @@ def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         handle = flash_forward_gluon_ws_kernel[grid](
             descriptor(q, seq_q, 64), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,
             HEAD_DIM=d, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
-            PRODUCER_REGS=tiles.producer_regs, CONSUMER_REGS=tiles.consumer_regs, num_warps=4)
+            PRODUCER_REGS=tiles.producer_regs, CONSUMER_REGS=tiles.consumer_regs, TILES_FIRST=tiles.tiles_first,
+            num_warps=4)
     else:
         handle = flash_forward_gluon_kernel[grid](
             descriptor(q, seq_q, tiles.block_m), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,
@@ -214,8 +261,15 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         raise ValueError(reason)
     q, k, v, out, grad_out = (_tma_ready(t) for t in (q, k, v, out, grad_out))
     lse = lse if lse.is_contiguous() else lse.contiguous()
-    dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m, tiles.block_n,
-                                              tiles.stages, tiles.num_warps)
+    if tiles.consumer_regs:
+        from cs336sys.attention.flash_gluon_backward_ws import flash_backward_gluon_ws
+
+        dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
+                                                     tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
+                                                     tiles.tiles_first, tiles.rotate)
+    else:
+        dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
+                                                  tiles.block_n, tiles.stages, tiles.num_warps)
     LAUNCHED[str(tiles), d, is_causal] = handle
     return dq, dk, dv
 

@@ -107,14 +107,18 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, O, LSE,
 def flash_forward_gluon_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, qk_scale,
                                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                                  CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                  CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr = False,
+                                  num_warps: gl.constexpr = 4):
+    """Grid (batch*heads, query tiles), or with TILES_FIRST (query tiles, batch*heads): then the CTAs
+    that run together share one head's K and V in L2."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     ROWS: gl.constexpr = 64
     BLOCK_M: gl.constexpr = 2 * ROWS
-    bh = gl.program_id(0)
-    pid_m = gl.program_id(1)
+    M_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
+    bh = gl.program_id(1 - M_AXIS)
+    pid_m = gl.program_id(M_AXIS)
     if IS_CAUSAL:  # the last query tiles visit the most keys: start them first
-        pid_m = gl.num_programs(1) - 1 - pid_m
+        pid_m = gl.num_programs(M_AXIS) - 1 - pid_m
     m0 = pid_m * BLOCK_M
     dtype: gl.constexpr = q_desc.dtype
 

@@ -11,6 +11,11 @@ are used only for bf16 CUDA tensors with d_head 128; anything else takes the tab
 forward is called as the custom operator `cs336sys_leaderboard::flash_forward`, so that a checkpoint's
 dispatch mode sees it as one op (a Triton launch alone is invisible to it).
 
+`gluon_attention` (attention "gluon"): the Gluon kernels for Hopper (`cs336sys.attention.flash_gluon`:
+the warp-specialised forward and backward with their default tiles), causal, the forward called as the
+custom operator `cs336sys_leaderboard::gluon_forward` for the same reason. Only on a Hopper GPU;
+anywhere else the step refuses it when built (`gluon_device_refusal`).
+
 `keep_attention_context`: selective activation checkpointing (`torch.utils.checkpoint`'s
 `create_selective_checkpoint_contexts`) whose policy saves the outputs of attention's forward ops
 (SDPA's fused kernels, and ours above) in the forward and recomputes everything else. A checkpointed
@@ -81,6 +86,51 @@ def tuned_flash_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return TunedFlashAttention.apply(q, k, v)
 
 
+@torch.library.custom_op("cs336sys_leaderboard::gluon_forward", mutates_args=())
+def gluon_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal O and L (float32 logsumexp, q.shape[:-1]) by the Gluon forward."""
+    from cs336sys.attention.flash_gluon import flash_attention_gluon_forward
+
+    return flash_attention_gluon_forward(q, k, v, True)
+
+
+@gluon_forward.register_fake
+def _(q, k, v):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+class GluonFlashAttention(torch.autograd.Function):
+    """Causal attention by the Gluon kernels: the forward through `gluon_forward`, the Gluon backward."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        from cs336sys.attention.flash_gluon import check_gluon_inputs
+
+        check_gluon_inputs(q, k, v, True)
+        out, lse = gluon_forward(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        from cs336sys.attention.flash_gluon import flash_attention_gluon_backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        return flash_attention_gluon_backward(q, k, v, out, lse, grad_out, True)
+
+
+def gluon_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """An attention backend for `TransformerLM(attention=...)`: the Gluon kernels (Hopper only)."""
+    return GluonFlashAttention.apply(q, k, v)
+
+
+def gluon_device_refusal(device: str | torch.device) -> str | None:
+    """Why attention "gluon" cannot run on this device (None: it can)."""
+    from cs336sys.attention.flash_gluon import device_refusal
+
+    return device_refusal(device)
+
+
 _aten = torch.ops.aten
 KEPT_OPS = frozenset([
     _aten._scaled_dot_product_flash_attention.default,
@@ -88,6 +138,7 @@ KEPT_OPS = frozenset([
     _aten._scaled_dot_product_cudnn_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops.cs336sys_leaderboard.flash_forward.default,
+    torch.ops.cs336sys_leaderboard.gluon_forward.default,
 ])
 
 

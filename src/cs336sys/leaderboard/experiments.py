@@ -57,7 +57,7 @@ class LeaderboardSettings:
     compute_dtype: str = "bf16"
     """Dtype the parameters are gathered and computed in: bf16 | fp32; master weights and grads fp32."""
     attention: str = "flash"
-    """Ours only: flash | flash_tuned | sdpa | naive; the baseline always uses sdpa."""
+    """Ours only: flash | flash_tuned | gluon (Hopper) | sdpa | naive; the baseline always uses sdpa."""
     checkpoint_blocks: int | str | tuple[int, ...] = "all"
     """Ours only: blocks checkpointed: "all" | "none" | k (the first k) | a tuple of block indices."""
     reshard_after_forward: bool = True
@@ -65,7 +65,7 @@ class LeaderboardSettings:
     fused_elementwise: bool = False
     """Ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels."""
     keep_attention: bool = False
-    """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned) and do not recompute it."""
+    """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned, gluon) and do not recompute it."""
     ce_chunk_tokens: int = 4096
     """Tokens per chunk of the LM head + cross-entropy (the full logits never exist)."""
     warmup: int = 2

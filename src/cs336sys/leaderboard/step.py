@@ -13,9 +13,10 @@ also rewrites each shard's bf16 copy (what the next step's all-gathers send).
 Options, each off by default (the configurations measured before them run as they did):
 `fused_elementwise` runs each block through `fused_block.fused_block_forward` (RMSNorm, the SwiGLU
 gate and RoPE as Triton kernels); attention "flash_tuned" is our flash through the step's own call
-(`cs336sys.leaderboard.attention`: the tiles tuned at the 8B's shape); `keep_attention` makes each
-checkpointed block keep attention's outputs from the forward, so its recompute skips attention's
-forward kernel (SDPA's, or "flash_tuned"'s).
+(`cs336sys.leaderboard.attention`: the tiles tuned at the 8B's shape), attention "gluon" our Gluon
+kernels for Hopper (the same module); `keep_attention` makes each checkpointed block keep attention's
+outputs from the forward, so its recompute skips attention's forward kernel (SDPA's, "flash_tuned"'s
+or "gluon"'s).
 
 Why drive the parts instead of calling `model(tokens)`: the model's forward ends in full logits
 (151,936 x 32,768 x 4 bytes = 20 GB in fp32) and checkpoints every k-th group uniformly; the step
@@ -52,8 +53,8 @@ from cs336sys.leaderboard.loss import lm_head_cross_entropy
 from cs336sys.model import AttentionFn, TransformerLM, build_model
 from cs336sys.sizes import ModelSize, get_size, parameter_count, train_step_flops
 
-ATTENTION = ("flash", "flash_tuned", "sdpa", "naive")
-KEPT_ATTENTION = ("sdpa", "flash_tuned")  # one dispatched op each: what keep_attention can keep
+ATTENTION = ("flash", "flash_tuned", "gluon", "sdpa", "naive")
+KEPT_ATTENTION = ("sdpa", "flash_tuned", "gluon")  # one dispatched op each: what keep_attention can keep
 COMPUTE_DTYPES = ("bf16", "fp32")
 CheckpointPolicy = int | str | tuple[int, ...]
 
@@ -134,6 +135,10 @@ def resolve_attention(name: str, attention_fn: AttentionFn | None = None) -> str
         from cs336sys.leaderboard.attention import tuned_flash_attention
 
         return tuned_flash_attention
+    if name == "gluon":
+        from cs336sys.leaderboard.attention import gluon_attention
+
+        return gluon_attention
     return name
 
 
@@ -246,6 +251,12 @@ def build_leaderboard_step(spec: LeaderboardSpec, device: str | torch.device,
     rank, world = check_world_size(spec)
     size = spec.model_size
     device = str(device)
+    if spec.attention == "gluon" and attention_fn is None:
+        from cs336sys.leaderboard.attention import gluon_device_refusal
+
+        reason = gluon_device_refusal(device)
+        if reason is not None:
+            raise ValueError(f"attention 'gluon': {reason}")
     attention = resolve_attention(spec.attention, attention_fn)
     torch.manual_seed(spec.seed)
     model = build_model(size, spec.context_length, device=device, attention=attention)

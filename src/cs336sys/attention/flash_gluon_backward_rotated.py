@@ -1,0 +1,193 @@
+"""The warp-specialised Gluon backward's consumer with its products rotated across steps.
+
+`flash_gluon_backward_ws._consumer_steps` waits for all five products of a step before the next
+step's first product is issued, so each consumer warpgroup leaves the tensor cores idle while it
+stores its dQ tile and starts the next step. Here a step's last two products (dK += dS^T Q and
+dQ = dS K, whose operands are in shared memory) are issued in the *next* step, right after that
+step's S and dP, so they run while the warpgroup computes the next P and dS (FlashAttention-3's
+intra-warpgroup overlap applied to the backward). Step i, for this warpgroup's 64 keys:
+
+    issue S_i = Q_i K_w^T, dP_i = dO_i V_w^T
+    issue dK += dS_{i-1}^T Q_{i-1}, dQ_{i-1} = dS_{i-1} K[:, half w]    (after both halves of dS_{i-1})
+    P_i = exp2(...), to shared memory; issue dV += P_i^T dO_i
+    dS_i = P_i (dP_i - D) * scale
+    wait for dQ_{i-1}: release Q/dO slot i-1 and dS buffer i-1, add dQ_{i-1} to the workspace (TMA)
+    dS_i to shared memory (once step i-2's dQ products have read its buffer)
+    wait for dV
+
+Nothing is in flight across a loop iteration (every product issued in step i is waited in step i), so
+no accumulator crosses the loop's back edge while a warpgroup MMA writes it. The first step is
+issued before the loop (masked: correct for any tile), the last step's dK and dQ after it. Ring slot
+i - 1 is released only in step i, so the producer loads step i + 1 while step i runs: a ring of 2 slots
+holds steps i - 1 and i, which leaves the load of step i + 1 to the second half of step i.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, tma_reduce_add
+
+
+@gluon.jit
+def _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, i, here, STAGES: gl.constexpr,
+                  W: gl.constexpr):
+    """Wait for step i's Q and dO, then issue S = Q K_w^T and dP = dO V_w^T (asynchronous)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    slot = i % STAGES
+    phase = (i // STAGES) & 1
+    zero = gl.zeros([ROWS, KEYS], gl.float32, s_layout)
+    mbarrier.wait(q_bars.index(slot), phase)
+    s = warpgroup_mma(q_smem.index(slot), k_smem.index(W + here).permute((1, 0)), zero, use_acc=False,
+                      is_async=True)
+    mbarrier.wait(do_bars.index(slot), phase)
+    dp = warpgroup_mma(do_smem.index(slot), v_smem.index(W + here).permute((1, 0)), zero, use_acc=False,
+                       is_async=True)
+    return s, dp
+
+
+@gluon.jit
+def _issue_previous(dk, k_smem, q_smem, ds_smem, ds_full, i, here, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                    W: gl.constexpr):
+    """Once both halves of step i's dS are stored, issue its dK += dS_w^T Q and its dQ half
+    dS K[:, half w] (asynchronous)."""
+    HALF: gl.constexpr = HEAD_DIM // 2
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF, 16])
+    b = i % 2
+    mbarrier.wait(ds_full.index(b), (i // 2) & 1)
+    dk = warpgroup_mma(ds_smem.index(2 * b + W).permute((1, 0)), q_smem.index(i % STAGES), dk, is_async=True)
+    dq = warpgroup_mma(ds_smem.index(2 * b), k_smem.index(here).slice(W * HALF, HALF, dim=1),
+                       gl.zeros([ROWS, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
+    dq = warpgroup_mma(ds_smem.index(2 * b + 1), k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq,
+                       is_async=True)
+    return dk, dq
+
+
+@gluon.jit
+def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k, qk_scale, sm_scale,
+                   here, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EXTRA: gl.constexpr,
+                   W: gl.constexpr):
+    """P from S (to shared memory), dV += P^T dO issued, dS from dP: (dV in flight, dS). EXTRA: products
+    issued between dP and dV (the previous step's dK and dQ)."""
+    dtype: gl.constexpr = do_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    if MASK:
+        lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
+        delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
+    else:
+        lse2 = gl.load(LSE + q_row0 + rows) * 1.4426950408889634
+        delta = gl.load(DELTA + q_row0 + rows)
+    s = warpgroup_mma_wait(num_outstanding=1 + EXTRA, deps=(s,))
+    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+    if MASK:
+        keep = (gl.expand_dims(rows, 1) < seq_q) & (gl.expand_dims(keys, 0) < seq_k)
+        if IS_CAUSAL:
+            keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
+        p = gl.where(keep, p, 0.0)
+    p_w = p_smem.index(W + here)
+    p_w.store(p.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()  # this warpgroup's P is in place before its MMA reads it
+    dv = warpgroup_mma(p_w.permute((1, 0)), do_smem.index(i % STAGES), dv, is_async=True)
+    dp = warpgroup_mma_wait(num_outstanding=EXTRA + 1, deps=(dp,))
+    ds = p * (dp - gl.expand_dims(delta, 1)) * sm_scale
+    return dv, ds
+
+
+@gluon.jit
+def _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t, i, runtime_zero,
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, AFTER: gl.constexpr, W: gl.constexpr):
+    """Wait for step i's dK and dQ (AFTER products issued since may still run), release its Q/dO slot
+    and its dS buffer, and add its dQ half (query tile t) to the workspace by TMA reduce-add."""
+    HALF: gl.constexpr = HEAD_DIM // 2
+    dk, dq = warpgroup_mma_wait(num_outstanding=AFTER, deps=(dk, dq))
+    gl.thread_barrier()  # every warp's products of step i are done
+    mbarrier.arrive(ds_free.index(i % 2), count=1)
+    mbarrier.arrive(empty_bars.index(i % STAGES), count=1)
+    dq_w = dq_smem.index(W + t * runtime_zero)
+    tma.store_wait(0)  # the previous reduce-add has read the buffer
+    gl.thread_barrier()
+    dq_w.store(dq)
+    fence_async_shared()
+    gl.thread_barrier()
+    tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF], dq_w)
+    return dk
+
+
+@gluon.jit
+def _store_ds(ds, ds_smem, ds_full, ds_free, i, W: gl.constexpr):
+    """Step i's dS half to buffer i % 2, once step i - 2's dQ products (both warpgroups) have read it."""
+    b = i % 2
+    mbarrier.wait(ds_free.index(b), ((i // 2) & 1) ^ 1, pred=i >= 2)
+    ds_w = ds_smem.index(2 * b + W)
+    ds_w.store(ds.to(ds_smem.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ds_full.index(b), count=1)
+
+
+@gluon.jit
+def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                   ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
+                   sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr, W: gl.constexpr):
+    """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring."""
+    for t in range(t_from, t_to):
+        i = t - t_lo
+        here = t * runtime_zero
+        s, dp = _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, i, here, STAGES, W)
+        dk, dq = _issue_previous(dk, k_smem, q_smem, ds_smem, ds_full, i - 1, here, HEAD_DIM, STAGES, W)
+        dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k, qk_scale,
+                                sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W)
+        dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
+                              HEAD_DIM, STAGES, 1, W)
+        _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
+        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+    return dk, dv
+
+
+@gluon.jit
+def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                           empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
+                           seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
+                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, W: gl.constexpr):
+    """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
+    [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
+    if t_hi > t_lo:
+        here = t_lo * runtime_zero
+        s, dp = _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, 0, here, STAGES, W)
+        dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t_lo, 0, seq_q, seq_k,
+                                qk_scale, sm_scale, here, STAGES, True, IS_CAUSAL, 0, W)
+        _store_ds(ds, ds_smem, ds_full, ds_free, 0, W)
+        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+        first = t_lo + 1
+        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                                empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
+                                gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, W)
+        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                                empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
+                                gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
+                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, W)
+        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                                empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
+                                gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, W)
+        last = t_hi - 1 - t_lo
+        here = t_hi * runtime_zero
+        dk, dq = _issue_previous(dk, k_smem, q_smem, ds_smem, ds_full, last, here, HEAD_DIM, STAGES, W)
+        dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t_hi - 1, last, runtime_zero,
+                              HEAD_DIM, STAGES, 0, W)
+    return dk, dv

@@ -1,0 +1,322 @@
+"""The Gluon backward, warp-specialised (FlashAttention-3's layout of a backward CTA, on Hopper).
+
+One CTA owns 128 keys of one batch*head (K and V in shared memory as two 64-key halves) and visits
+the query tiles (64 rows) that can see them. Three partitions:
+- a producer warp with few registers loads K and V once, then streams each step's Q and dO tiles
+  through a ring of STAGES slots by TMA, refilling a slot once both consumers have released it;
+- two consumer warpgroups, one per 64-key half, with most of the registers. Each runs, per query
+  tile, the five products of `flash_gluon_backward` on its own keys:
+    S_w  = Q K_w^T, dP_w = dO V_w^T  (64 queries x 64 keys; dP issued before the exponentials)
+    P_w  = exp2(S_w * scale * log2 e - L * log2 e) (masked to 0), to its own shared buffer
+    dV_w += P_w^T dO, dS_w = P_w (dP_w - D) * scale, to its half of a shared dS buffer
+    dK_w += dS_w^T Q
+    dQ[:, half w] = dS K[:, half w]   (both halves of dS: the one cross-warpgroup dependency)
+  and adds its dQ half (fp32) to the workspace by TMA reduce-add (`cp.reduce.async.bulk.tensor`)
+  from shared memory: the reduction is the TMA unit's, not the consumers' instructions, and it runs
+  under the next step's products.
+The consumers never meet at a CTA barrier. They hand each other dS through two mbarriers per dS
+buffer (two buffers, alternate steps): "full" (both halves stored) and "free" (both dQ products that
+read it are done). So one warpgroup's exponentials can run while the other's products hold the
+tensor cores, as in the warp-specialised forward.
+
+Masking, L and D, the 2-D TMA views and the fp32 dQ workspace are those of `flash_gluon_backward`
+(its docstring says why the rows a TMA read takes from the next head contribute nothing: their P is
+0, so are their dS and their dQ rows, which the reduce-add adds as zeros).
+
+Triton 3.6's Gluon has no Python wrapper for the TMA reduction its builder offers, so
+`flash_gluon_backward_common.tma_reduce_add` calls the builder directly. `ROTATE` selects the consumer
+of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, tma_reduce_add
+from cs336sys.attention.flash_gluon_backward_rotated import rotated_consumer_steps
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
+              empty_bars, kv_row0, q_row0, n0, t_lo, n_steps, STAGES: gl.constexpr):
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for w in gl.static_range(2):
+        tma.async_copy_global_to_shared(k_desc, [kv_row0 + n0 + w * KEYS, 0], kv_bar, k_smem.index(w))
+        tma.async_copy_global_to_shared(v_desc, [kv_row0 + n0 + w * KEYS, 0], kv_bar, v_smem.index(w))
+    for i in range(n_steps):
+        slot = i % STAGES
+        # Step i reuses the slot of step i - STAGES: wait until both consumers have released it.
+        mbarrier.wait(empty_bars.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
+        row = q_row0 + (t_lo + i) * ROWS
+        mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
+        mbarrier.expect(do_bars.index(slot), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, 0], do_bars.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k,
+                    qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                    MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, W: gl.constexpr):
+    """Query tiles [t_from, t_to) against this warpgroup's 64 keys: accumulate dK_w, dV_w (returned) and
+    add its half of each tile's dQ to the workspace. Step i = t - t_lo: ring slot i % STAGES, dS buffer
+    i % 2."""
+    dtype: gl.constexpr = q_smem.dtype
+    HALF: gl.constexpr = HEAD_DIM // 2
+    DQ_COLS: gl.constexpr = HALF if SHARED_DS else HEAD_DIM
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    for t in range(t_from, t_to):
+        i = t - t_lo
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        b = i % 2
+        b_phase = (i // 2) & 1
+        rows = t * ROWS + gl.arange(0, ROWS, layout=row_layout)
+        q_slot = q_smem.index(slot)
+        do_slot = do_smem.index(slot)
+        # Views through a runtime zero that varies with t, so that the compiler cannot hoist these
+        # buffers' 64-bit MMA descriptors out of the loop and hold them in registers (as in
+        # `flash_gluon_backward`).
+        here = t * runtime_zero
+        k_w = k_smem.index(W + here)
+        v_w = v_smem.index(W + here)
+        p_w = p_smem.index(W + here)
+        dq_w = dq_smem.index(W + here)
+        zero = gl.zeros([ROWS, KEYS], gl.float32, s_layout)
+
+        mbarrier.wait(q_bars.index(slot), phase)
+        s = warpgroup_mma(q_slot, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_bars.index(slot), phase)
+        dp = warpgroup_mma(do_slot, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
+        if MASK:
+            lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
+            delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
+        else:
+            lse2 = gl.load(LSE + q_row0 + rows) * 1.4426950408889634
+            delta = gl.load(DELTA + q_row0 + rows)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        if MASK:
+            keep = (gl.expand_dims(rows, 1) < seq_q) & (gl.expand_dims(keys, 0) < seq_k)
+            if IS_CAUSAL:
+                keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
+            p = gl.where(keep, p, 0.0)
+        p_w.store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # this warpgroup's P is in place before its MMA reads it
+        dv = warpgroup_mma(p_w.permute((1, 0)), do_slot, dv, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+        ds = p * (dp - gl.expand_dims(delta, 1)) * sm_scale
+
+        if SHARED_DS:
+            # dS buffer b was last read by step i - 2's dQ products of both warpgroups.
+            mbarrier.wait(ds_free.index(b), b_phase ^ 1, pred=i >= 2)
+            ds_w = ds_smem.index(2 * b + W)
+            ds_w.store(ds.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ds_full.index(b), count=1)
+            dk = warpgroup_mma(ds_w.permute((1, 0)), q_slot, dk, is_async=True)
+            mbarrier.wait(ds_full.index(b), b_phase)  # the other half of dS is in place too
+            dq = warpgroup_mma(ds_smem.index(2 * b), k_smem.index(here).slice(W * HALF, HALF, dim=1),
+                               gl.zeros([ROWS, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_smem.index(2 * b + 1), k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq,
+                               is_async=True)
+        else:  # this warpgroup's keys only, every column of dQ: no wait on the other warpgroup
+            ds_w = ds_smem.index(W + here)
+            ds_w.store(ds.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            dk = warpgroup_mma(ds_w.permute((1, 0)), q_slot, dk, is_async=True)
+            dq = warpgroup_mma(ds_w, k_w, gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout), use_acc=False,
+                               is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+        gl.thread_barrier()  # every warp's products of this step are done
+        if SHARED_DS:
+            mbarrier.arrive(ds_free.index(b), count=1)
+        mbarrier.arrive(empty_bars.index(slot), count=1)
+
+        tma.store_wait(0)  # the previous step's reduce-add has read the dQ buffer
+        gl.thread_barrier()
+        dq_w.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF if SHARED_DS else 0], dq_w)
+    return dk, dv
+
+
+@gluon.jit
+def _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                          empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
+                          seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
+                          STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, W: gl.constexpr):
+    """Every step, masked [t_lo, t_diag), unmasked [t_diag, t_free), masked [t_free, t_hi)."""
+    dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                             empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_lo,
+                             seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL,
+                             SHARED_DS, W)
+    dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                             empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_diag, t_free, t_lo,
+                             seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL,
+                             SHARED_DS, W)
+    dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                             empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_free, t_hi, t_lo,
+                             seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL,
+                             SHARED_DS, W)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
+              ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
+              qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+              SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, W: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    q_row0 = bh * seq_q
+    k0 = n0 + W * KEYS
+    keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    if ROTATE:
+        dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
+                                        t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
+                                        STAGES, IS_CAUSAL, W)
+    else:
+        dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                       do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
+                                       t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
+                                       STAGES, IS_CAUSAL, SHARED_DS, W)
+    tma.store_wait(0)  # the last reduce-add has read the dQ buffer before the CTA's memory goes
+
+    # dK (scale already in dS) and dV of this warpgroup's keys; zeros where no query sees them.
+    kv_rows = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
+    kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    offs = (bh.to(gl.int64) * seq_k + gl.expand_dims(kv_rows, 1)) * HEAD_DIM + gl.expand_dims(kv_cols, 0)
+    in_head = gl.expand_dims(kv_rows, 1) < seq_k
+    gl.store(DK + offs, dk.to(dtype), mask=in_head)
+    gl.store(DV + offs, dv.to(dtype), mask=in_head)
+
+
+@gluon.jit
+def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA, seq_q, seq_k,
+                                   qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                   IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                                   CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr, ROTATE: gl.constexpr,
+                                   num_warps: gl.constexpr):
+    """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
+    zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
+    HEAD_DIM without SHARED_DS)."""
+    gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
+    gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
+    BLOCK_N: gl.constexpr = 2 * KEYS
+    N_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
+    bh = gl.program_id(1 - N_AXIS)
+    n0 = gl.program_id(N_AXIS) * BLOCK_N  # causal: key tile 0 sees the most query tiles, and starts first
+    dtype: gl.constexpr = q_desc.dtype
+    pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, KEYS], dtype)
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], do_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)  # one per warpgroup
+    if SHARED_DS:  # two buffers (alternate steps), each with both warpgroups' halves: [buffer * 2 + warpgroup]
+        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, KEYS], pds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM // 2], dq_desc.layout)
+    else:
+        ds_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM], dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(q_bars.index(s), count=1)
+        mbarrier.init(do_bars.index(s), count=1)
+        mbarrier.init(empty_bars.index(s), count=2)  # one arrive per consumer warpgroup
+    for b in gl.static_range(2):
+        mbarrier.init(ds_full.index(b), count=2)
+        mbarrier.init(ds_free.index(b), count=2)
+
+    # Query tiles to visit: [t_lo, t_hi), as in `flash_gluon_backward`: masked [t_lo, t_diag) and
+    # [t_free, t_hi), unmasked between.
+    t_hi = (seq_q + ROWS - 1) // ROWS
+    if IS_CAUSAL:
+        t_lo = gl.minimum(n0 // ROWS, t_hi)
+        t_diag = gl.minimum(t_lo + BLOCK_N // ROWS, t_hi)
+    else:
+        t_lo = 0
+        t_diag = 0
+    whole_keys = (n0 + BLOCK_N <= seq_k).to(gl.int32)  # 0: a ragged key tile, every step masked
+    t_free = gl.maximum((seq_q // ROWS) * whole_keys, t_diag)
+
+    gl.warp_specialize([
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
+                     ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
+                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, 0)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
+                     empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
+                     ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
+                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, 1)),
+    ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
+
+
+def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
+                            consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
+                            rotate: bool = False):
+    """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
+    (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle."""
+    import math
+
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from cs336sys.attention.flash_gluon_backward import LOG2E
+    from cs336sys.attention.flash_triton_backward import backward_delta_kernel
+
+    *lead, seq_q, d = q.shape
+    seq_k = k.shape[-2]
+    bh = math.prod(lead)
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+
+    def descriptor(t: torch.Tensor, rows: int, block: list[int], dtype):
+        layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+        return TensorDescriptor(t.view(-1, d), [bh * rows, d], [d, 1], block, layout)
+
+    delta = torch.empty_like(lse)
+    backward_delta_kernel[(math.ceil(seq_q / 64), bh)](out, grad_out, delta, seq_q, HEAD_DIM=d, BLOCK_M=64)
+    dq_acc = torch.zeros((bh * seq_q, d), dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    sm_scale = 1.0 / math.sqrt(d)
+    key_tiles = math.ceil(seq_k / (2 * KEYS.value))
+    handle = flash_backward_gluon_ws_kernel[(key_tiles, bh) if tiles_first else (bh, key_tiles)](
+        descriptor(q, seq_q, [ROWS.value, d], element), descriptor(k, seq_k, [KEYS.value, d], element),
+        descriptor(v, seq_k, [KEYS.value, d], element), descriptor(grad_out, seq_q, [ROWS.value, d], element),
+        descriptor(dq_acc, seq_q, [ROWS.value, d // 2 if shared_ds else d], gl.float32), dk, dv, lse, delta, seq_q,
+        seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages, IS_CAUSAL=is_causal, SHARED_DS=shared_ds,
+        PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, TILES_FIRST=tiles_first,
+        ROTATE=rotate, num_warps=4)
+    return dq_acc.view(q.shape).to(q.dtype), dk, dv, handle
