@@ -21,7 +21,8 @@ TEMPLATES = REPO / "writeup" / "templates"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     paths = [p for pattern in ("results/pytorch_attention/**/*.json", "results/flash_benchmarking/**/*.json",
-                               "results/flash_leaderboard/*/*/*.json", "results/matmul_peak/*.json")
+                               "results/flash_leaderboard/*/*/*.json", "results/flash_leaderboard_gluon/*/*/*.json",
+                               "results/matmul_peak/*.json")
              for p in sorted(REPO.glob(pattern))]
     if not paths:
         pytest.skip("no committed attention results")
@@ -44,7 +45,7 @@ def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes_on_each_
     paths, ctx = built
     lb = {}
     for p in paths:
-        if "flash_leaderboard" in p.as_posix():
+        if "flash_leaderboard/" in p.as_posix():
             r = read_result(p)
             lb[r["settings"]["edition"], r["settings"]["gpu_model"], r["settings"]["impl"]] = r["metrics"]
     rows = [r for r in ctx.summary if r["part"].startswith("Our FlashAttention-2")]
@@ -58,6 +59,31 @@ def test_the_summary_sets_ours_against_cudnn_at_both_leaderboard_shapes_on_each_
             met = met and fwd <= 1 and bwd <= 1
             assert f"{gpu}: forward {fwd:.2f}×, backward {bwd:.2f}×" in row["result"]
         assert row["met"] == met
+
+
+def test_the_gluon_summary_sets_the_gluon_forward_and_backward_against_cudnn(built):
+    """The Gluon row per shape: the Gluon kernels alone (impl gluon_bwd: its forward and its backward), over
+    cuDNN timed in the Gluon job's own process; where a part misses, the reason names that part."""
+    paths, ctx = built
+    lb = {}
+    for p in paths:
+        if "flash_leaderboard_gluon" in p.as_posix():
+            r = read_result(p)
+            lb[r["settings"]["edition"], r["settings"]["gpu_model"], r["settings"]["impl"]] = r["metrics"]
+    if not lb:
+        pytest.skip("no committed Gluon attention results")
+    rows = {r["part"].rsplit(", ", 1)[1].split()[0]: r for r in ctx.summary if r["part"].startswith("Gluon")}
+    assert sorted(rows) == sorted({edition for edition, _, _ in lb})
+    for edition, row in rows.items():
+        fwd_met = bwd_met = True
+        for gpu in sorted({g for e, g, _ in lb if e == edition}):
+            gluon, cudnn = lb[edition, gpu, "gluon_bwd"], lb[edition, gpu, "sdpa_cudnn"]
+            fwd, bwd = gluon["fwd_ms"] / cudnn["fwd_ms"], gluon["bwd_ms"] / cudnn["bwd_ms"]
+            fwd_met, bwd_met = fwd_met and fwd <= 1, bwd_met and bwd <= 1
+            assert f"{gpu}: forward {fwd:.2f}×, backward {bwd:.2f}×" in row["result"]
+        assert row["met"] == (fwd_met and bwd_met)
+        assert ("backward" in (row["why"] or "")) == (not bwd_met)
+        assert ("forward" in (row["why"] or "")) == (not fwd_met)
 
 
 def test_where_the_time_goes_names_our_split_backward_launches(built):
