@@ -41,15 +41,19 @@ def setup_for(settings: dict, world_size: int) -> Setup:
         blocks = layers if policy == "all" else policy if isinstance(policy, int) else len(policy)
     # Ours keeps a bf16 copy of each fp32 shard (FusedAdamW rewrites it; the all-gathers send it);
     # FSDP2 casts while it gathers and keeps none. SDPA's fused kernels save what flash does (O and
-    # the log-sum-exp), as does our flash with the step's tuned tiles, so all three are "flash" here.
+    # the log-sum-exp), as do our flash with the step's tuned tiles and our Gluon kernels, so all four
+    # are "flash" here.
     # Results from before the options existed have no fused_elementwise or keep_attention (None: off).
     return make_setup(settings["size"], world_size, "fsdp", "h200", batch_size=settings["batch_per_rank"],
                       context_length=settings["context_length"], compute_dtype=settings["compute_dtype"],
-                      attention="flash" if settings["attention"] in ("flash", "flash_tuned", "sdpa") else "naive",
+                      attention="flash" if settings["attention"] in FLASH_LIKE else "naive",
                       checkpoint=checkpoint, checkpoint_blocks=blocks,
                       loss_chunk_tokens=settings["ce_chunk_tokens"],
                       compute_copy=settings["variant"] == "ours" and settings["compute_dtype"] != "fp32",
                       fused_elementwise=bool(settings.get("fused_elementwise")))
+
+
+FLASH_LIKE = ("flash", "flash_tuned", "gluon", "sdpa")  # attention implementations that save O and L
 
 
 def test_the_measured_points_are_there():

@@ -120,7 +120,7 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(128, 128, 2, 8), "query tiles of 64 rows"),
     (GluonBackwardTiles(64, 64, 2, 4, consumer_regs=240), "warp-specialised backward takes q64/kv128"),
     (GluonBackwardTiles(64, 128, 2, 8, consumer_regs=240), "warp-specialised backward takes q64/kv128"),
-    (GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False, rotate=True), "share dS"),
+    (GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False, rotate=1), "share dS"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)

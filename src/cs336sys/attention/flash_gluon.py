@@ -81,13 +81,13 @@ class GluonBackwardTiles:
     producer_regs: int = 24
     shared_ds: bool = True  # warp-specialised: dQ over both halves' dS (else each warpgroup's own keys)
     tiles_first: bool = True  # warp-specialised: grid (key tiles, batch*heads), so CTAs share a head's Q, dO
-    rotate: bool = False  # warp-specialised: a step's dK and dQ products issued in the next step
+    rotate: int = 0  # warp-specialised: a step's dK and dQ products issued in the next step (1), its dQ late (2)
 
     def __str__(self) -> str:
         if self.consumer_regs:
             return (f"bwd q{self.block_m}/kv{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/"
                     f"{self.producer_regs}" + ("" if self.shared_ds else "/own-dq")
-                    + ("" if self.tiles_first else "/heads-first") + ("/rotated" if self.rotate else ""))
+                    + ("" if self.tiles_first else "/heads-first") + ("", "/rotated", "/rotated-late")[self.rotate])
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
@@ -95,6 +95,8 @@ class GluonBackwardTiles:
         if self.consumer_regs:
             if (self.block_m, self.block_n, self.num_warps) != (64, 128, 4):
                 return f"{self}: the warp-specialised backward takes q64/kv128 and 4-warp consumers"
+            if self.rotate not in (0, 1, 2):
+                return f"{self}: rotate is 0 (off), 1 or 2 (dQ late)"
             if self.rotate and not self.shared_ds:
                 return f"{self}: the rotated steps share dS between the warpgroups"
             return None
@@ -116,13 +118,15 @@ class GluonBackwardTiles:
 # backward"). Then the variants measured beside them, and the single-partition kernel
 # (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
-    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=True),
+    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240), GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, shared_ds=False),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, tiles_first=False),
          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
     128: [GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
-          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=True),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=1),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, tiles_first=False),
           GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],

@@ -56,21 +56,24 @@ def _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, i, here, STA
 
 
 @gluon.jit
-def _issue_previous(dk, k_smem, q_smem, ds_smem, ds_full, i, here, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                    W: gl.constexpr):
-    """Once both halves of step i's dS are stored, issue its dK += dS_w^T Q and its dQ half
-    dS K[:, half w] (asynchronous)."""
+def _issue_previous_dk(dk, q_smem, ds_smem, ds_full, i, STAGES: gl.constexpr, W: gl.constexpr):
+    """Once both halves of step i's dS are stored, issue its dK += dS_w^T Q (asynchronous)."""
+    b = i % 2
+    mbarrier.wait(ds_full.index(b), (i // 2) & 1)
+    return warpgroup_mma(ds_smem.index(2 * b + W).permute((1, 0)), q_smem.index(i % STAGES), dk, is_async=True)
+
+
+@gluon.jit
+def _issue_previous_dq(k_smem, ds_smem, i, here, HEAD_DIM: gl.constexpr, W: gl.constexpr):
+    """Step i's dQ half, dS K[:, half w] over both halves of its dS (stored: `_issue_previous_dk` waited)."""
     HALF: gl.constexpr = HEAD_DIM // 2
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HALF, 16])
     b = i % 2
-    mbarrier.wait(ds_full.index(b), (i // 2) & 1)
-    dk = warpgroup_mma(ds_smem.index(2 * b + W).permute((1, 0)), q_smem.index(i % STAGES), dk, is_async=True)
     dq = warpgroup_mma(ds_smem.index(2 * b), k_smem.index(here).slice(W * HALF, HALF, dim=1),
                        gl.zeros([ROWS, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
-    dq = warpgroup_mma(ds_smem.index(2 * b + 1), k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq,
-                       is_async=True)
-    return dk, dq
+    return warpgroup_mma(ds_smem.index(2 * b + 1), k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq,
+                         is_async=True)
 
 
 @gluon.jit
@@ -142,19 +145,31 @@ def _store_ds(ds, ds_smem, ds_full, ds_free, i, W: gl.constexpr):
 def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
                    sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, W: gl.constexpr):
-    """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring."""
+                   IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr):
+    """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring.
+    LATE_DQ: the previous step's dQ is issued only once this step's dS is computed (fewer accumulators
+    in flight at once: what d 128's registers allow), and this step's dS is stored under it."""
     for t in range(t_from, t_to):
         i = t - t_lo
         here = t * runtime_zero
         s, dp = _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, i, here, STAGES, W)
-        dk, dq = _issue_previous(dk, k_smem, q_smem, ds_smem, ds_full, i - 1, here, HEAD_DIM, STAGES, W)
-        dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k, qk_scale,
-                                sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W)
-        dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
-                              HEAD_DIM, STAGES, 1, W)
-        _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
-        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+        dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, i - 1, STAGES, W)
+        if LATE_DQ:
+            dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
+                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 1, W)
+            dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
+            _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
+            dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
+            dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
+                                  HEAD_DIM, STAGES, 0, W)
+        else:
+            dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
+            dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
+                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W)
+            dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
+                                  HEAD_DIM, STAGES, 1, W)
+            _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
+            dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
     return dk, dv
 
 
@@ -162,7 +177,7 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
 def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
-                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, W: gl.constexpr):
+                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
     [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
     if t_hi > t_lo:
@@ -176,18 +191,19 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
                                 gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                HEAD_DIM, STAGES, True, IS_CAUSAL, W)
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                 gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
-                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, W)
+                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                 gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                HEAD_DIM, STAGES, True, IS_CAUSAL, W)
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W)
         last = t_hi - 1 - t_lo
         here = t_hi * runtime_zero
-        dk, dq = _issue_previous(dk, k_smem, q_smem, ds_smem, ds_full, last, here, HEAD_DIM, STAGES, W)
+        dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)
+        dq = _issue_previous_dq(k_smem, ds_smem, last, here, HEAD_DIM, W)
         dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t_hi - 1, last, runtime_zero,
                               HEAD_DIM, STAGES, 0, W)
     return dk, dv
