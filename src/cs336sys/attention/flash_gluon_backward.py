@@ -58,6 +58,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from cs336sys.attention.flash_gluon_backward_common import probabilities, query_tile_range, row_statistics
+
 LOG2E = 1.4426950408889634
 
 
@@ -95,12 +97,7 @@ def _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, q_bar
         phase = (i // STAGES) & 1
         m0 = t * BLOCK_M
         rows = m0 + gl.arange(0, BLOCK_M, layout=row_layout)
-        if MASK:
-            lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
-            delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
-        else:
-            lse2 = gl.load(LSE + q_row0 + rows) * 1.4426950408889634
-            delta = gl.load(DELTA + q_row0 + rows)
+        lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
         q_slot = q_smem.index(slot)
         # Views through a runtime zero that varies with t: without it the compiler hoists the ~40
         # loop-invariant 64-bit MMA descriptors of these buffers out of the loop (spills at d 128).
@@ -117,12 +114,7 @@ def _query_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, q_bar
         mbarrier.wait(do_bars.index(slot), phase)
         dp = warpgroup_mma(do_slot, v_buf.permute((1, 0)), zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-        if MASK:
-            keep = (gl.expand_dims(rows, 1) < seq_q) & (gl.expand_dims(keys, 0) < seq_k)
-            if IS_CAUSAL:
-                keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
-            p = gl.where(keep, p, 0.0)
+        p = probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK, IS_CAUSAL)
         p_buf.store(p.to(dtype))
         fence_async_shared()
         gl.thread_barrier()  # all of P is in place: each warpgroup's dV rows need every warp's columns
@@ -191,17 +183,7 @@ def flash_backward_gluon_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, DQ, LSE
         mbarrier.init(q_bars.index(s), count=1)
         mbarrier.init(do_bars.index(s), count=1)
 
-    # Query tiles to visit: [t_lo, t_hi). Masked: [t_lo, t_diag) (they cross the diagonal) and
-    # [t_free, t_hi) (the ragged last tile; every tile if this key tile is ragged).
-    t_hi = (seq_q + BLOCK_M - 1) // BLOCK_M
-    if IS_CAUSAL:
-        t_lo = gl.minimum(n0 // BLOCK_M, t_hi)
-        t_diag = gl.minimum(t_lo + BLOCK_N // BLOCK_M, t_hi)
-    else:
-        t_lo = 0
-        t_diag = 0
-    whole_keys = (n0 + BLOCK_N <= seq_k).to(gl.int32)  # 0: a ragged key tile, every step masked
-    t_free = gl.maximum((seq_q // BLOCK_M) * whole_keys, t_diag)
+    t_lo, t_diag, t_free, t_hi = query_tile_range(n0, seq_q, seq_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
     n_steps = t_hi - t_lo
 
     kv_row0 = bh * seq_k

@@ -34,7 +34,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, tma_reduce_add
+from cs336sys.attention.flash_gluon_backward_common import (
+    KEYS,
+    ROWS,
+    probabilities,
+    row_statistics,
+    tma_reduce_add,
+)
 
 
 @gluon.jit
@@ -86,19 +92,9 @@ def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, s
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    if MASK:
-        lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
-        delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
-    else:
-        lse2 = gl.load(LSE + q_row0 + rows) * 1.4426950408889634
-        delta = gl.load(DELTA + q_row0 + rows)
+    lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
     s = warpgroup_mma_wait(num_outstanding=1 + EXTRA, deps=(s,))
-    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-    if MASK:
-        keep = (gl.expand_dims(rows, 1) < seq_q) & (gl.expand_dims(keys, 0) < seq_k)
-        if IS_CAUSAL:
-            keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
-        p = gl.where(keep, p, 0.0)
+    p = probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK, IS_CAUSAL)
     p_w = p_smem.index(W + here)
     p_w.store(p.to(dtype))
     fence_async_shared()

@@ -40,7 +40,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, tma_reduce_add
+from cs336sys.attention.flash_gluon_backward_common import (
+    KEYS,
+    ROWS,
+    probabilities,
+    query_tile_range,
+    row_statistics,
+    tma_reduce_add,
+)
 from cs336sys.attention.flash_gluon_backward_rotated import rotated_consumer_steps
 
 
@@ -101,19 +108,9 @@ def _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq
         s = warpgroup_mma(q_slot, k_w.permute((1, 0)), zero, use_acc=False, is_async=True)
         mbarrier.wait(do_bars.index(slot), phase)
         dp = warpgroup_mma(do_slot, v_w.permute((1, 0)), zero, use_acc=False, is_async=True)
-        if MASK:
-            lse2 = gl.load(LSE + q_row0 + rows, mask=rows < seq_q, other=0.0) * 1.4426950408889634
-            delta = gl.load(DELTA + q_row0 + rows, mask=rows < seq_q, other=0.0)
-        else:
-            lse2 = gl.load(LSE + q_row0 + rows) * 1.4426950408889634
-            delta = gl.load(DELTA + q_row0 + rows)
+        lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-        if MASK:
-            keep = (gl.expand_dims(rows, 1) < seq_q) & (gl.expand_dims(keys, 0) < seq_k)
-            if IS_CAUSAL:
-                keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
-            p = gl.where(keep, p, 0.0)
+        p = probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK, IS_CAUSAL)
         p_w.store(p.to(dtype))
         fence_async_shared()
         gl.thread_barrier()  # this warpgroup's P is in place before its MMA reads it
@@ -260,17 +257,7 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
         mbarrier.init(ds_full.index(b), count=2)
         mbarrier.init(ds_free.index(b), count=2)
 
-    # Query tiles to visit: [t_lo, t_hi), as in `flash_gluon_backward`: masked [t_lo, t_diag) and
-    # [t_free, t_hi), unmasked between.
-    t_hi = (seq_q + ROWS - 1) // ROWS
-    if IS_CAUSAL:
-        t_lo = gl.minimum(n0 // ROWS, t_hi)
-        t_diag = gl.minimum(t_lo + BLOCK_N // ROWS, t_hi)
-    else:
-        t_lo = 0
-        t_diag = 0
-    whole_keys = (n0 + BLOCK_N <= seq_k).to(gl.int32)  # 0: a ragged key tile, every step masked
-    t_free = gl.maximum((seq_q // ROWS) * whole_keys, t_diag)
+    t_lo, t_diag, t_free, t_hi = query_tile_range(n0, seq_q, seq_k, ROWS, BLOCK_N, IS_CAUSAL)
 
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
