@@ -20,6 +20,10 @@ no accumulator crosses the loop's back edge while a warpgroup MMA writes it. The
 issued before the loop (masked: correct for any tile), the last step's dK and dQ after it. Ring slot
 i - 1 is released only in step i, so the producer loads step i + 1 while step i runs: a ring of 2 slots
 holds steps i - 1 and i, which leaves the load of step i + 1 to the second half of step i.
+
+With LATE_DQ (the kernel's ROTATE == 2) only dK_{i-1} is issued beside S_i and dP_i; dQ_{i-1} follows
+once dS_i is computed, and dS_i is stored while it runs: fewer accumulators in flight at once (d 128's
+registers do not hold dK, dV, S, dP and dQ together without spilling).
 """
 
 from __future__ import annotations
