@@ -223,6 +223,17 @@ def fwd_bwd(cls, q, k, v, do, *extra):
     return bench(run)
 
 
+def _profile_once(label: str, fn) -> None:
+    """`fn` once warm (compiled, autotuned), then once inside a profiler range, for `ncu --profile-from-start off`."""
+    fn()
+    torch.cuda.synchronize()
+    print(f"== {label}", flush=True)
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def profile(shape_names: list[str], names: list[str]) -> None:
     """Each variant's forward (and cuDNN's) once warm, then once inside a profiler range."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -240,13 +251,7 @@ def profile(shape_names: list[str], names: list[str]) -> None:
                         torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
             else:
                 fn = lambda tiles=VARIANTS[name][d], q=q, k=k, v=v: flash_attention_gluon_forward(q, k, v, True, tiles)
-            fn()
-            torch.cuda.synchronize()
-            print(f"== {shape_name} {name}", flush=True)
-            torch.cuda.profiler.start()
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            _profile_once(f"{shape_name} {name}", fn)
 
 
 def profile_backward(shape_names: list[str], names: list[str]) -> None:
@@ -271,13 +276,7 @@ def profile_backward(shape_names: list[str], names: list[str]) -> None:
             else:
                 tiles = BACKWARD_VARIANTS[d][int(name)]
                 fn = lambda tiles=tiles, a=(q, k, v, out, lse, do): flash_attention_gluon_backward(*a, True, tiles)
-            fn()
-            torch.cuda.synchronize()
-            print(f"== {shape_name} backward {name}", flush=True)
-            torch.cuda.profiler.start()
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            _profile_once(f"{shape_name} backward {name}", fn)
 
 
 def main() -> None:

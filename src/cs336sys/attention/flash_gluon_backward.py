@@ -58,7 +58,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from cs336sys.attention.flash_gluon_backward_common import probabilities, query_tile_range, row_statistics
+from cs336sys.attention.flash_gluon_backward_common import (
+    probabilities,
+    query_tile_range,
+    row_statistics,
+    store_dk_dv,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -219,13 +224,7 @@ def flash_backward_gluon_kernel(q_desc, k_desc, v_desc, do_desc, DK, DV, DQ, LSE
         mbarrier.invalidate(q_bars.index(s))
         mbarrier.invalidate(do_bars.index(s))
 
-    # dK (scale already in dS) and dV, masked to this head's keys; zeros where no query sees the tile.
-    kv_rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    offs = (bh.to(gl.int64) * seq_k + gl.expand_dims(kv_rows, 1)) * HEAD_DIM + gl.expand_dims(kv_cols, 0)
-    in_head = gl.expand_dims(kv_rows, 1) < seq_k
-    gl.store(DK + offs, dk.to(dtype), mask=in_head)
-    gl.store(DV + offs, dv.to(dtype), mask=in_head)
+    store_dk_dv(DK, DV, dk, dv, bh, n0, seq_k, BLOCK_N, HEAD_DIM)
 
 
 def flash_backward_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

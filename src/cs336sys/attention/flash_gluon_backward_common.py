@@ -1,5 +1,5 @@
 """What the Gluon backward kernels share: the warp-specialised kernel's tile sizes, the TMA reduce-add,
-the query tiles a key tile visits, a tile's L and D, and P from S.
+the query tiles a key tile visits, a tile's L and D, P from S, and the dK/dV stores.
 
 Triton 3.6's Gluon has no Python wrapper for the TMA reduction (`cp.reduce.async.bulk.tensor`) that its
 builder offers (`GluonOpBuilder.create_async_tma_reduce`), so `tma_reduce_add` calls the builder.
@@ -65,3 +65,16 @@ def probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK: gl.constexp
             keep = keep & (gl.expand_dims(rows, 1) >= gl.expand_dims(keys, 0))
         p = gl.where(keep, p, 0.0)
     return p
+
+
+@gluon.jit
+def store_dk_dv(DK, DV, dk, dv, bh, k0, seq_k, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """dK (the softmax scale already in dS) and dV of keys [k0, k0 + ROWS) of head `bh`, in dK's layout,
+    masked to the head's keys; zeros where no query saw them."""
+    layout: gl.constexpr = dk.type.layout
+    rows = k0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    offs = (bh.to(gl.int64) * seq_k + gl.expand_dims(rows, 1)) * HEAD_DIM + gl.expand_dims(cols, 0)
+    in_head = gl.expand_dims(rows, 1) < seq_k
+    gl.store(DK + offs, dk.to(DK.dtype.element_ty), mask=in_head)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=in_head)

@@ -46,6 +46,7 @@ from cs336sys.attention.flash_gluon_backward_common import (
     probabilities,
     query_tile_range,
     row_statistics,
+    store_dk_dv,
     tma_reduce_add,
 )
 from cs336sys.attention.flash_gluon_backward_rotated import rotated_consumer_steps
@@ -181,7 +182,6 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
               ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
               qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, W: gl.constexpr):
-    dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -204,13 +204,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
                                        STAGES, IS_CAUSAL, SHARED_DS, W)
     tma.store_wait(0)  # the last reduce-add has read the dQ buffer before the CTA's memory goes
 
-    # dK (scale already in dS) and dV of this warpgroup's keys; zeros where no query sees them.
-    kv_rows = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
-    kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    offs = (bh.to(gl.int64) * seq_k + gl.expand_dims(kv_rows, 1)) * HEAD_DIM + gl.expand_dims(kv_cols, 0)
-    in_head = gl.expand_dims(kv_rows, 1) < seq_k
-    gl.store(DK + offs, dk.to(dtype), mask=in_head)
-    gl.store(DV + offs, dv.to(dtype), mask=in_head)
+    store_dk_dv(DK, DV, dk, dv, bh, k0, seq_k, KEYS, HEAD_DIM)  # this warpgroup's keys
 
 
 @gluon.jit
