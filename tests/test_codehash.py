@@ -190,6 +190,18 @@ def test_an_import_edit_stales_its_users(src_copy):
     assert changed == set(registry.EXPERIMENTS)
 
 
+def test_a_function_imported_inside_a_function_counts_for_its_callers(src_copy):
+    # the 8B experiments' builder imports the step builder inside its body (to keep torch out of the
+    # module's import): an edit of the step builder stales them, and only the experiments that build it
+    step = (src_copy / "leaderboard" / "step.py").read_text()
+    assert "def build_leaderboard_step(" in step
+    builder = (src_copy / "leaderboard" / "experiments.py").read_text()
+    assert re.search(r"\n    +from cs336sys\.leaderboard\.step import [^\n]*build_leaderboard_step", builder)
+    changed = changed_after(src_copy, "leaderboard/step.py", "def build_leaderboard_step(spec: LeaderboardSpec, ",
+                            "def build_leaderboard_step(spec: LeaderboardSpec, *_unused, ")
+    assert changed == {"leaderboard_step", "leaderboard_proxy"}
+
+
 def test_a_new_import_of_another_package_stales_the_importers(src_copy):
     # importing another package runs its code: it counts, even if nothing uses the name
     with open(src_copy / "precision.py", "a") as f:

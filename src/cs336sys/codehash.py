@@ -15,8 +15,9 @@ So each experiment rule carries, as a parameter, a hash of what its experiment's
   counts names it (by a plain name, or `module.name` through an imported package module). A class
   counts whole; a package module used other than as `module.name` counts whole; the modules whose
   statements count are those imported by the statements that count (lazy imports inside a
-  function only when that function counts). Everything else, an unrelated function in the same
-  file included, can change without staling anything.
+  function only when that function counts), and a name such an import binds inside a function is
+  followed into its module as a top-level import's is. Everything else, an unrelated function in the
+  same file included, can change without staling anything.
 
 An entry is a module (everything it holds counts, its `if __name__ == "__main__":` block too: it is
 the program) or `module:function`. `code_hash(*entries)` is 16 hex digits; `manifest(*entries)`
@@ -128,10 +129,19 @@ class Statement:
     star: set[str] = field(default_factory=set)  # modules it imports `*` from
     imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # bound name -> (module, attr)
     lazy_imports: set[str] = field(default_factory=set)  # package modules imported anywhere inside it
+    local_imports: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)  # bound inside it: each
     always: bool = False  # runs and may act when the module is imported
     dynamic: bool = False  # looks names up at run time (globals(), eval, ...)
     main_guard: bool = False
     constant: str | None = None  # a name bound to a value of literals alone: the value's digest
+
+    def bind(self, top: bool, name: str, module: str, attr: str | None) -> None:
+        """An import of ours binds `name` to `module` (or `module.attr`): at the top of the module, or
+        inside this statement's body (a function may import one name in several branches)."""
+        if top:
+            self.imports[name] = (module, attr)
+        else:
+            self.local_imports.setdefault(name, set()).add((module, attr))
 
 
 @dataclass
@@ -270,9 +280,9 @@ def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest
             for a in n.names:
                 if _ours(a.name):
                     s.lazy_imports.add(a.name)
-                if n is node and _ours(a.name):  # `import a.b` binds `a` (the chain walks down); `as c`: a.b
-                    s.imports[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0],
-                                                                   None)
+                if _ours(a.name):  # `import a.b` binds `a` (the chain walks down); `as c`: a.b
+                    s.bind(n is node, a.asname or a.name.split(".")[0],
+                           a.name if a.asname else a.name.split(".")[0], None)
         elif isinstance(n, ast.ImportFrom):
             target = _absolute(module, is_package, n)
             if not _ours(target):
@@ -285,8 +295,7 @@ def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest
                     s.star.add(target)
                     continue
                 s.lazy_imports.add(f"{target}.{a.name}")
-                if n is node:
-                    s.imports[a.asname or a.name] = (target, a.name)
+                s.bind(n is node, a.asname or a.name, target, a.name)
     return s
 
 
@@ -455,6 +464,16 @@ class Tree:
             else:
                 everything(m)
 
+        def follow(target: str, attr: str | None, chain: tuple[str, ...]) -> None:
+            """A name an import binds: module `target`, or `target.attr`, then `.chain`."""
+            if attr is None:
+                use_module(target, chain)
+            elif self.path(f"{target}.{attr}") is not None:
+                use_module(f"{target}.{attr}", chain)
+            else:
+                load(target)
+                resolve(target, attr, chain)
+
         def resolve(m: str, name: str, chain: tuple[str, ...] = ()) -> None:
             """`name`, then `.chain`, as module `m` sees it."""
             bindings = self.module(m).binding(name)
@@ -471,17 +490,13 @@ class Tree:
                 if name not in s.imports:
                     continue  # a definition or a value: a chain on it is an attribute of an object
                 target, attr = s.imports[name]
-                if attr is None:
-                    use_module(target, chain)
-                elif self.path(f"{target}.{attr}") is not None:
-                    use_module(f"{target}.{attr}", chain)
-                else:
+                value = (None if chain or attr is None or self.path(f"{target}.{attr}") is not None
+                         else self._constant(target, attr))
+                if value is not None:  # an imported constant counts as its value, here
                     load(target)
-                    value = None if chain else self._constant(target, attr)
-                    if value is not None:  # an imported constant counts as its value, here
-                        inlined[(m, s.index)] = value
-                    else:
-                        resolve(target, attr, chain)
+                    inlined[(m, s.index)] = value
+                else:
+                    follow(target, attr, chain)
 
         for entry in entries:
             module, _, function = entry.partition(":")
@@ -503,10 +518,10 @@ class Tree:
                 everything(m)
             for target in s.star:
                 everything(target)
-            for name in s.names:
-                resolve(m, name)
-            for name, chain in s.chains:
-                resolve(m, name, chain)
+            for name, chain in [(name, ()) for name in s.names] + sorted(s.chains):
+                for target, attr in sorted(s.local_imports.get(name, ()), key=str):
+                    follow(target, attr, chain)
+                resolve(m, name, chain)  # the name may be bound at the top of the module as well: both count
         return {m: {i: inlined.get((m, i)) or self._digest_of(m, i) for i in indices} for m, indices in counted.items()}
 
     def _digest_of(self, module: str, index: int) -> str:
