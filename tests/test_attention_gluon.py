@@ -121,6 +121,9 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 64, 2, 4, consumer_regs=240), "warp-specialised backward takes q64/kv128"),
     (GluonBackwardTiles(64, 128, 2, 8, consumer_regs=240), "warp-specialised backward takes q64/kv128"),
     (GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False, rotate=1), "share dS"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=3), "swap_ab is 0 (off), 1 or 2"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, rotate=1), "are not rotated"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1, shared_ds=False), "are not rotated"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)

@@ -293,6 +293,8 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="only run these variants (and 'cudnn') once each inside a "
                     "profiler range, for `ncu --profile-from-start off`")
     ap.add_argument("--ws-only", action="store_true", help="of the Gluon backwards, only the warp-specialised")
+    ap.add_argument("--skip-bwd", default="", help="comma-separated: leave out the backward tiles whose name "
+                    "holds any of these (e.g. own-dq,heads-first)")
     ap.add_argument("--profile-backward", default="", help="as --profile for the backward alone: 'cudnn' or "
                     "indices into BACKWARD_VARIANTS[d]")
     args = ap.parse_args()
@@ -311,6 +313,8 @@ def main() -> None:
         good_bwd[d] = []
         for tiles in variants:
             if args.ws_only and not tiles.consumer_regs:
+                continue
+            if any(part and part in str(tiles) for part in args.skip_bwd.split(",")):
                 continue
             if args.no_check:
                 good_bwd[d].append(tiles)

@@ -82,12 +82,16 @@ class GluonBackwardTiles:
     shared_ds: bool = True  # warp-specialised: dQ over both halves' dS (else each warpgroup's own keys)
     tiles_first: bool = True  # warp-specialised: grid (key tiles, batch*heads), so CTAs share a head's Q, dO
     rotate: int = 0  # warp-specialised: a step's dK and dQ products issued in the next step (1), its dQ late (2)
+    swap_ab: int = 0  # warp-specialised: keys on the MMA rows (S^T, dP^T), P and dS^T kept in registers;
+    # dV's product issued before dS is formed (1) or after it (2)
 
     def __str__(self) -> str:
         if self.consumer_regs:
             return (f"bwd q{self.block_m}/kv{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/"
                     f"{self.producer_regs}" + ("" if self.shared_ds else "/own-dq")
-                    + ("" if self.tiles_first else "/heads-first") + ("", "/rotated", "/rotated-late")[self.rotate])
+                    + ("" if self.tiles_first else "/heads-first")
+                    + {0: "", 1: "/rotated", 2: "/rotated-late"}.get(self.rotate, f"/rotate={self.rotate}")
+                    + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}"))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
@@ -99,6 +103,10 @@ class GluonBackwardTiles:
                 return f"{self}: rotate is 0 (off), 1 or 2 (dQ late)"
             if self.rotate and not self.shared_ds:
                 return f"{self}: the rotated steps share dS between the warpgroups"
+            if self.swap_ab not in (0, 1, 2):
+                return f"{self}: swap_ab is 0 (off), 1 or 2 (dV late)"
+            if self.swap_ab and (self.rotate or not self.shared_ds):
+                return f"{self}: the swapped steps share dS between the warpgroups and are not rotated"
             return None
         if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
             return f"{self}: whole warpgroups, 16 keys per warp"
@@ -112,10 +120,12 @@ class GluonBackwardTiles:
 # The backward's tiles by head dimension (first: the default): the warp-specialised kernel
 # (`flash_gluon_backward_ws`: a producer warp, two consumer warpgroups of 64 keys each, dQ by TMA
 # reduce-add), grid key tiles first. At d 64 a 4-deep Q/dO ring and each step's dK and dQ products
-# issued in the next step (`flash_gluon_backward_rotated`); at d 128 the 2 slots shared memory holds and
-# no rotation (it spills there: 720-1364 bytes). On one H100: 1.09x and 1.08x cuDNN's backward at the
-# 2025 and 2026 shapes, against 1.31x for the `tl` backward (notes/flash_attention.md, "Warp-specialised
-# backward"). Then the variants measured beside them, and the single-partition kernel
+# issued in the next step (`flash_gluon_backward_rotated`). At d 128 the keys on the MMA rows
+# (`flash_gluon_backward_swapped`: P and dS^T stay in registers for dV and dK, which frees the shared
+# memory for a 3-deep ring), dV's product issued once dS is formed; the rotation spills there (720-1364
+# bytes). On one H100: 1.06-1.10x cuDNN's backward at the 2025 shape, 1.03-1.05x at the 2026 one,
+# against 1.3-1.5x for the `tl` backward (notes/flash_attention.md, "Warp-specialised backward" and
+# "Keys on the MMA rows"). Then the variants measured beside them, and the single-partition kernel
 # (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
     64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
@@ -123,8 +133,14 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240), GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, shared_ds=False),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, tiles_first=False),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=1),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
-    128: [GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
+    128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=2),
+          GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=1),
+          GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=1),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False),
@@ -270,7 +286,7 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
         dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
                                                      tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
-                                                     tiles.tiles_first, tiles.rotate)
+                                                     tiles.tiles_first, tiles.rotate, tiles.swap_ab)
     else:
         dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
                                                   tiles.block_n, tiles.stages, tiles.num_warps)

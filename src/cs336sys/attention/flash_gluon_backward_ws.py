@@ -25,7 +25,8 @@ Masking, L and D, the 2-D TMA views and the fp32 dQ workspace are those of `flas
 
 Triton 3.6's Gluon has no Python wrapper for the TMA reduction its builder offers, so
 `flash_gluon_backward_common.tma_reduce_add` calls the builder directly. `ROTATE` selects the consumer
-of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step).
+of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step), `SWAP_AB` that
+of `flash_gluon_backward_swapped` (keys on the MMA rows: P and dS^T stay in registers for dV and dK).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from cs336sys.attention.flash_gluon_backward_common import (
     tma_reduce_add,
 )
 from cs336sys.attention.flash_gluon_backward_rotated import rotated_consumer_steps
+from cs336sys.attention.flash_gluon_backward_swapped import swapped_consumer_steps
 
 
 @gluon.jit
@@ -157,23 +159,39 @@ def _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq
 
 
 @gluon.jit
+def _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars, ds_full,
+           ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale, sm_scale,
+           runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr,
+           SHARED_DS: gl.constexpr, SWAP_AB: gl.constexpr, W: gl.constexpr):
+    if SWAP_AB:
+        dk, dv = swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, q_bars, do_bars,
+                                        empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to,
+                                        t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, MASK,
+                                        IS_CAUSAL, SWAP_AB == 1, W)
+    else:
+        dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
+                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo,
+                                 seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, MASK, IS_CAUSAL,
+                                 SHARED_DS, W)
+    return dk, dv
+
+
+@gluon.jit
 def _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                           empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                           seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
-                          STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, W: gl.constexpr):
+                          STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr,
+                          SWAP_AB: gl.constexpr, W: gl.constexpr):
     """Every step, masked [t_lo, t_diag), unmasked [t_diag, t_free), masked [t_free, t_hi)."""
-    dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
-                             empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_lo,
-                             seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL,
-                             SHARED_DS, W)
-    dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
-                             empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_diag, t_free, t_lo,
-                             seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL,
-                             SHARED_DS, W)
-    dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
-                             empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_free, t_hi, t_lo,
-                             seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL,
-                             SHARED_DS, W)
+    dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_lo, seq_q, seq_k, qk_scale,
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
+    dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_diag, t_free, t_lo, seq_q, seq_k, qk_scale,
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
+    dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_free, t_hi, t_lo, seq_q, seq_k, qk_scale,
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
     return dk, dv
 
 
@@ -181,14 +199,17 @@ def _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_sm
 def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
               ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
               qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, W: gl.constexpr):
+              SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, SWAP_AB: gl.constexpr, W: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     q_row0 = bh * seq_q
     k0 = n0 + W * KEYS
-    keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
+    if SWAP_AB:  # keys on the rows of S^T
+        keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    else:
+        keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(kv_bar, 0)
@@ -201,7 +222,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                        t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                       STAGES, IS_CAUSAL, SHARED_DS, W)
+                                       STAGES, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
     tma.store_wait(0)  # the last reduce-add has read the dQ buffer before the CTA's memory goes
 
     store_dk_dv(DK, DV, dk, dv, bh, k0, seq_k, KEYS, HEAD_DIM)  # this warpgroup's keys
@@ -212,12 +233,13 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
                                    qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                    IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                    CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr, ROTATE: gl.constexpr,
-                                   num_warps: gl.constexpr):
+                                   SWAP_AB: gl.constexpr, num_warps: gl.constexpr):
     """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
     zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
     HEAD_DIM without SHARED_DS)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
+    gl.static_assert(not (SWAP_AB and (ROTATE or not SHARED_DS)), "the swapped steps share dS and are not rotated")
     BLOCK_N: gl.constexpr = 2 * KEYS
     N_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
     bh = gl.program_id(1 - N_AXIS)
@@ -229,13 +251,16 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
     v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], do_desc.layout)
-    p_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)  # one per warpgroup
     if SHARED_DS:  # two buffers (alternate steps), each with both warpgroups' halves: [buffer * 2 + warpgroup]
         ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, KEYS], pds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM // 2], dq_desc.layout)
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM], dq_desc.layout)
+    if SWAP_AB:  # P stays in registers
+        p_smem = ds_smem
+    else:
+        p_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)  # one per warpgroup
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -256,18 +281,18 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                      ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
-                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, 0)),
+                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, 0)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
                      empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                      ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
-                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, 1)),
+                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, 1)),
     ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
 
 
 def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
                             consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
-                            rotate: int = 0):
+                            rotate: int = 0, swap_ab: int = 0):
     """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
     (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle."""
     import math
@@ -299,5 +324,5 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
         descriptor(dq_acc, seq_q, [ROWS.value, d // 2 if shared_ds else d], gl.float32), dk, dv, lse, delta, seq_q,
         seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages, IS_CAUSAL=is_causal, SHARED_DS=shared_ds,
         PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, TILES_FIRST=tiles_first,
-        ROTATE=rotate, num_warps=4)
+        ROTATE=rotate, SWAP_AB=swap_ab, num_warps=4)
     return dq_acc.view(q.shape).to(q.dtype), dk, dv, handle
