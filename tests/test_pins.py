@@ -117,5 +117,14 @@ def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
     meta.write_text(meta.read_text().replace(entry.rules[rule], H3))
     assert rule in scheduled(repo, "writeup/report.pdf")
     assert f"{rule}: spent" in cli(repo, "list").stdout
+    # the re-made results (all of the rule's) can be pinned in their turn: the spent pin gives the rule up
+    for output in entry.outputs[rule][1:]:
+        other = repo / ".snakemake" / "metadata" / base64.b64encode(output.encode()).decode()
+        other.write_text(other.read_text().replace(entry.rules[rule], H3))
+    again = cli(repo, "add", "--rules", rule, "--reason", "the re-made results, across the same change")
+    assert f"{rule}: pinned to {H3}" in again.stdout, again.stdout + again.stderr
+    assert [p.rules[rule] for p in pins.load(repo / "workflow" / "pins.yaml") if rule in p.rules] == [H3]
+    assert f"{rule}: effective" in cli(repo, "list").stdout
+    meta.write_text(meta.read_text().replace(H3, H2))  # re-made once more: spent again, and pruned
     assert f"{rule}: spent, removed" in cli(repo, "prune").stdout
-    assert rule not in pins.load(repo / "workflow" / "pins.yaml")[-1].rules
+    assert all(rule not in p.rules for p in pins.load(repo / "workflow" / "pins.yaml"))

@@ -234,18 +234,22 @@ def add(rules: list[str], experiments: list[str], reason: str, path: Path = PINS
         if made == h:
             said.append(f"{rule}: up to date, not pinned")
             continue
-        if rule in pinned_now:
-            old = next(p for p in pins if rule in p.rules)
-            if state(old.rules[rule], h, outputs, at=old.code.get(rule)) != "outdated":
-                said.append(f"{rule}: already pinned and in effect")
-                continue
+        old = next((p for p in pins if rule in p.rules), None) if rule in pinned_now else None
+        held = old and state(old.rules[rule], h, outputs, at=old.code.get(rule))
+        if held == "effective":
+            said.append(f"{rule}: already pinned and in effect")
+            continue
+        if held == "outdated":
             # the pin vouched for an earlier change: the rule moves to a pin that vouches for both
             target = extended.setdefault(id(old), Pin(rules={}, reason=f"{old.reason.rstrip('.')}. Then: {reason}",
                                                       pinned_at=new.pinned_at, date=new.date))
             del old.rules[rule], old.code[rule]
             old.outputs.pop(rule, None)
             said.append(f"{rule}: its outdated pin extended to this change (code now {h})")
-        else:
+        else:  # not pinned, or its pin is spent (the results were re-made) or broken: pinned anew
+            if old:
+                del old.rules[rule], old.code[rule]
+                old.outputs.pop(rule, None)
             target = new
             said.append(f"{rule}: pinned to {made} (code now {h})")
         target.rules[rule] = made

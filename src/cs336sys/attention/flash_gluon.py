@@ -97,8 +97,10 @@ class GluonBackwardTiles:
     def refusal(self, d: int) -> str | None:
         """Why the backward kernel cannot take these tiles (None: it can)."""
         if self.consumer_regs:
-            if (self.block_m, self.block_n, self.num_warps) != (64, 128, 4):
-                return f"{self}: the warp-specialised backward takes q64/kv128 and 4-warp consumers"
+            if (self.block_m, self.block_n, self.num_warps) not in ((64, 128, 4), (128, 128, 4)):
+                return f"{self}: the warp-specialised backward takes q64 or q128, kv128 and 4-warp consumers"
+            if self.block_m == 128 and not self.swap_ab:
+                return f"{self}: steps of 128 queries take the swapped consumer (swap_ab)"
             if self.rotate not in (0, 1, 2):
                 return f"{self}: rotate is 0 (off), 1 or 2 (dQ late)"
             if self.rotate and not self.shared_ds:
@@ -125,8 +127,9 @@ class GluonBackwardTiles:
 # memory for a 3-deep ring), dV's product issued once dS is formed; the rotation spills there (720-1364
 # bytes). On one H100: 1.06-1.10x cuDNN's backward at the 2025 shape, 1.03-1.05x at the 2026 one,
 # against 1.3-1.5x for the `tl` backward (notes/flash_attention.md, "Warp-specialised backward" and
-# "Keys on the MMA rows"). Then the variants measured beside them, and the single-partition kernel
-# (`flash_gluon_backward`) with its tiles.
+# "Keys on the MMA rows"). Then the variants measured beside them (at d 64 also steps of 128 queries,
+# FlashAttention-3's d 64 tiles: correct, but 2.8x cuDNN's time, spilling the 128-query S^T and dP^T),
+# and the single-partition kernel (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
     64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2),
@@ -135,6 +138,7 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, tiles_first=False),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
+         GluonBackwardTiles(128, 128, 3, 4, consumer_regs=240, swap_ab=2),  # FlashAttention-3's d 64 tiles: spills
          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
     128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=2),
@@ -286,7 +290,7 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
         dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
                                                      tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
-                                                     tiles.tiles_first, tiles.rotate, tiles.swap_ab)
+                                                     tiles.tiles_first, tiles.rotate, tiles.swap_ab, tiles.block_m)
     else:
         dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
                                                   tiles.block_n, tiles.stages, tiles.num_warps)

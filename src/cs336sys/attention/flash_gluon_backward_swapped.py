@@ -54,20 +54,24 @@ def transposed_probabilities(st, lse2, keys, cols, seq_q, seq_k, qk_scale, MASK:
 def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                            ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k,
                            qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                           MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EARLY_DV: gl.constexpr, W: gl.constexpr):
+                           MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EARLY_DV: gl.constexpr, BLOCK_M: gl.constexpr,
+                           W: gl.constexpr):
     """Query tiles [t_from, t_to) against this warpgroup's 64 keys (`keys`: along the rows of S^T), as
     `flash_gluon_backward_ws._consumer_steps` with SHARED_DS: ring slot i % STAGES, dS buffer i % 2,
-    which holds both warpgroups' dS^T halves ([2 * buffer + warpgroup], 64 keys x 64 queries). EARLY_DV:
+    which holds both warpgroups' dS^T halves ([2 * buffer + warpgroup], 64 keys x BLOCK_M queries). With
+    BLOCK_M 64 each warpgroup computes half of dQ's columns, with 128 (FlashAttention-3's d 64 tiles: half
+    the steps, products 128 queries wide) half of its rows, every column. EARLY_DV:
     dV's product is issued before dS^T is formed, so it runs under that arithmetic (P^T in 32 and 16 bits,
     dP^T, dK and dV are then live at once: at d 128 more spills); else after it."""
     dtype: gl.constexpr = q_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
+    DQ_COLS: gl.constexpr = HALF if BLOCK_M == ROWS else HEAD_DIM
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, ROWS, 16])
+                                                        instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF, 16])
+                                                        instr_shape=[16, DQ_COLS, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
     for t in range(t_from, t_to):
@@ -76,14 +80,14 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
         phase = (i // STAGES) & 1
         b = i % 2
         b_phase = (i // 2) & 1
-        cols = t * ROWS + gl.arange(0, ROWS, layout=col_layout)
+        cols = t * BLOCK_M + gl.arange(0, BLOCK_M, layout=col_layout)
         q_slot = q_smem.index(slot)
         do_slot = do_smem.index(slot)
         here = t * runtime_zero  # see `_consumer_steps`: keeps the descriptors out of registers
         k_w = k_smem.index(W + here)
         v_w = v_smem.index(W + here)
         dq_w = dq_smem.index(W + here)
-        zero = gl.zeros([KEYS, ROWS], gl.float32, st_layout)
+        zero = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
 
         mbarrier.wait(q_bars.index(slot), phase)
         st = warpgroup_mma(k_w, q_slot.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -113,10 +117,15 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
         gl.thread_barrier()
         mbarrier.arrive(ds_full.index(b), count=1)
         mbarrier.wait(ds_full.index(b), b_phase)  # the other half of dS^T is in place too
-        dq = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k_smem.index(here).slice(W * HALF, HALF, dim=1),
-                           gl.zeros([ROWS, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
-        dq = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)),
-                           k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq, is_async=True)
+        dq = gl.zeros([ROWS, DQ_COLS], gl.float32, dq_layout)
+        for h in gl.static_range(2):  # the two key halves of dS
+            if BLOCK_M == ROWS:  # dQ[:, half W] = dS K[:, half W]
+                dq = warpgroup_mma(ds_smem.index(2 * b + h).permute((1, 0)),
+                                   k_smem.index(h + here).slice(W * HALF, HALF, dim=1), dq, use_acc=h > 0,
+                                   is_async=True)
+            else:  # dQ[rows of half W, :] = dS[rows of half W, :] K
+                dq = warpgroup_mma(ds_smem.index(2 * b + h).slice(W * ROWS, ROWS, dim=1).permute((1, 0)),
+                                   k_smem.index(h + here), dq, use_acc=h > 0, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
         gl.thread_barrier()  # every warp's products of this step are done
         mbarrier.arrive(ds_free.index(b), count=1)
@@ -127,5 +136,8 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
         dq_w.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF], dq_w)
+        if BLOCK_M == ROWS:
+            tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF], dq_w)
+        else:
+            tma_reduce_add(dq_desc, [q_row0 + t * BLOCK_M + W * ROWS, 0], dq_w)
     return dk, dv

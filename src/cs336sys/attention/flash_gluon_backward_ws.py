@@ -1,7 +1,7 @@
 """The Gluon backward, warp-specialised (FlashAttention-3's layout of a backward CTA, on Hopper).
 
 One CTA owns 128 keys of one batch*head (K and V in shared memory as two 64-key halves) and visits
-the query tiles (64 rows) that can see them. Three partitions:
+the query tiles (64 rows; BLOCK_M 128 with the swapped consumer) that can see them. Three partitions:
 - a producer warp with few registers loads K and V once, then streams each step's Q and dO tiles
   through a ring of STAGES slots by TMA, refilling a slot once both consumers have released it;
 - two consumer warpgroups, one per 64-key half, with most of the registers. Each runs, per query
@@ -56,7 +56,7 @@ from cs336sys.attention.flash_gluon_backward_swapped import swapped_consumer_ste
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
-              empty_bars, kv_row0, q_row0, n0, t_lo, n_steps, STAGES: gl.constexpr):
+              empty_bars, kv_row0, q_row0, n0, t_lo, n_steps, STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(k_desc, [kv_row0 + n0 + w * KEYS, 0], kv_bar, k_smem.index(w))
@@ -65,7 +65,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, 
         slot = i % STAGES
         # Step i reuses the slot of step i - STAGES: wait until both consumers have released it.
         mbarrier.wait(empty_bars.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
-        row = q_row0 + (t_lo + i) * ROWS
+        row = q_row0 + (t_lo + i) * BLOCK_M
         mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
         mbarrier.expect(do_bars.index(slot), do_desc.block_type.nbytes)
@@ -162,12 +162,12 @@ def _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq
 def _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars, ds_full,
            ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale, sm_scale,
            runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr,
-           SHARED_DS: gl.constexpr, SWAP_AB: gl.constexpr, W: gl.constexpr):
+           SHARED_DS: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
     if SWAP_AB:
         dk, dv = swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, q_bars, do_bars,
                                         empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to,
                                         t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, MASK,
-                                        IS_CAUSAL, SWAP_AB == 1, W)
+                                        IS_CAUSAL, SWAP_AB == 1, BLOCK_M, W)
     else:
         dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                  empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo,
@@ -181,17 +181,17 @@ def _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_sm
                           empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                           seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr,
-                          SWAP_AB: gl.constexpr, W: gl.constexpr):
+                          SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
     """Every step, masked [t_lo, t_diag), unmasked [t_diag, t_free), masked [t_free, t_hi)."""
     dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                     ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_lo, seq_q, seq_k, qk_scale,
-                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
     dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                     ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_diag, t_free, t_lo, seq_q, seq_k, qk_scale,
-                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
     dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                     ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_free, t_hi, t_lo, seq_q, seq_k, qk_scale,
-                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
     return dk, dv
 
 
@@ -199,15 +199,18 @@ def _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_sm
 def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
               ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
               qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, SWAP_AB: gl.constexpr, W: gl.constexpr):
+              SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr,
+              W: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     q_row0 = bh * seq_q
     k0 = n0 + W * KEYS
-    if SWAP_AB:  # keys on the rows of S^T
-        keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    if SWAP_AB:  # keys on the rows of S^T (BLOCK_M queries on its columns)
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
     else:
         keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
@@ -222,7 +225,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                        t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                       STAGES, IS_CAUSAL, SHARED_DS, SWAP_AB, W)
+                                       STAGES, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
     tma.store_wait(0)  # the last reduce-add has read the dQ buffer before the CTA's memory goes
 
     store_dk_dv(DK, DV, dk, dv, bh, k0, seq_k, KEYS, HEAD_DIM)  # this warpgroup's keys
@@ -233,27 +236,28 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
                                    qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                    IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                    CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr, ROTATE: gl.constexpr,
-                                   SWAP_AB: gl.constexpr, num_warps: gl.constexpr):
+                                   SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
     """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
     zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
-    HEAD_DIM without SHARED_DS)."""
+    HEAD_DIM without SHARED_DS, or with BLOCK_M 128, where each warpgroup adds 64 rows of dQ)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
     gl.static_assert(not (SWAP_AB and (ROTATE or not SHARED_DS)), "the swapped steps share dS and are not rotated")
+    gl.static_assert((BLOCK_M == 64) or (SWAP_AB != 0), "steps of 128 queries take the swapped consumer")
     BLOCK_N: gl.constexpr = 2 * KEYS
     N_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
     bh = gl.program_id(1 - N_AXIS)
     n0 = gl.program_id(N_AXIS) * BLOCK_N  # causal: key tile 0 sees the most query tiles, and starts first
     dtype: gl.constexpr = q_desc.dtype
-    pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, KEYS], dtype)
+    pds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
 
     k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, ROWS, HEAD_DIM], do_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     if SHARED_DS:  # two buffers (alternate steps), each with both warpgroups' halves: [buffer * 2 + warpgroup]
-        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, KEYS], pds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM // 2], dq_desc.layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [4, KEYS, BLOCK_M], pds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, dq_desc.block_type.shape[1]], dq_desc.layout)
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM], dq_desc.layout)
@@ -276,23 +280,25 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
         mbarrier.init(ds_full.index(b), count=2)
         mbarrier.init(ds_free.index(b), count=2)
 
-    t_lo, t_diag, t_free, t_hi = query_tile_range(n0, seq_q, seq_k, ROWS, BLOCK_N, IS_CAUSAL)
+    t_lo, t_diag, t_free, t_hi = query_tile_range(n0, seq_q, seq_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
 
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                      ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
-                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, 0)),
+                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M,
+                     0)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
-                     empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES)),
+                     empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                      ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
-                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, 1)),
+                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M,
+                     1)),
     ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
 
 
 def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
                             consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
-                            rotate: int = 0, swap_ab: int = 0):
+                            rotate: int = 0, swap_ab: int = 0, block_m: int = 64):
     """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
     (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle."""
     import math
@@ -319,10 +325,11 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
     sm_scale = 1.0 / math.sqrt(d)
     key_tiles = math.ceil(seq_k / (2 * KEYS.value))
     handle = flash_backward_gluon_ws_kernel[(key_tiles, bh) if tiles_first else (bh, key_tiles)](
-        descriptor(q, seq_q, [ROWS.value, d], element), descriptor(k, seq_k, [KEYS.value, d], element),
-        descriptor(v, seq_k, [KEYS.value, d], element), descriptor(grad_out, seq_q, [ROWS.value, d], element),
-        descriptor(dq_acc, seq_q, [ROWS.value, d // 2 if shared_ds else d], gl.float32), dk, dv, lse, delta, seq_q,
+        descriptor(q, seq_q, [block_m, d], element), descriptor(k, seq_k, [KEYS.value, d], element),
+        descriptor(v, seq_k, [KEYS.value, d], element), descriptor(grad_out, seq_q, [block_m, d], element),
+        descriptor(dq_acc, seq_q, [ROWS.value, d // 2 if shared_ds and block_m == ROWS.value else d], gl.float32), dk,
+        dv, lse, delta, seq_q,
         seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages, IS_CAUSAL=is_causal, SHARED_DS=shared_ds,
         PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, TILES_FIRST=tiles_first,
-        ROTATE=rotate, SWAP_AB=swap_ab, num_warps=4)
+        ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4)
     return dq_acc.view(q.shape).to(q.dtype), dk, dv, handle
