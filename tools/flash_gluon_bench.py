@@ -295,6 +295,8 @@ def main() -> None:
     ap.add_argument("--ws-only", action="store_true", help="of the Gluon backwards, only the warp-specialised")
     ap.add_argument("--skip-bwd", default="", help="comma-separated: leave out the backward tiles whose name "
                     "holds any of these (e.g. own-dq,heads-first)")
+    ap.add_argument("--bwd-indices", default="", help="only these backward tiles: indices into "
+                    "BACKWARD_VARIANTS[d] by head dim, e.g. '64:0,1;128:0,1'")
     ap.add_argument("--profile-backward", default="", help="as --profile for the backward alone: 'cudnn' or "
                     "indices into BACKWARD_VARIANTS[d]")
     args = ap.parse_args()
@@ -311,7 +313,10 @@ def main() -> None:
     good_bwd = {}
     for d, variants in ([] if args.no_backward else BACKWARD_VARIANTS.items()):
         good_bwd[d] = []
-        for tiles in variants:
+        keep = dict(part.split(":") for part in args.bwd_indices.split(";") if part)
+        for index, tiles in enumerate(variants):
+            if keep and str(index) not in keep.get(str(d), "").split(","):
+                continue
             if args.ws_only and not tiles.consumer_regs:
                 continue
             if any(part and part in str(tiles) for part in args.skip_bwd.split(",")):

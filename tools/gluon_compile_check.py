@@ -61,6 +61,7 @@ def _catch_launches(opts) -> list:
     from cs336sys.attention import (
         flash_gluon,
         flash_gluon_backward,
+        flash_gluon_backward_common,
         flash_gluon_backward_ws,
         flash_gluon_forward,
         flash_gluon_forward_ws,
@@ -69,7 +70,8 @@ def _catch_launches(opts) -> list:
 
     caught = []
     patched = [(flash_triton_backward.backward_delta_kernel, "run"), (flash_gluon, "check_gluon_inputs")]
-    for module in (flash_gluon_forward, flash_gluon_forward_ws, flash_gluon_backward, flash_gluon_backward_ws):
+    for module in (flash_gluon_forward, flash_gluon_forward_ws, flash_gluon_backward, flash_gluon_backward_common,
+                   flash_gluon_backward_ws):
         patched += [(value, "run") for value in vars(module).values()
                     if isinstance(value, JITFunction) and value.__module__ == module.__name__
                     and value.__name__.endswith("_kernel")]
@@ -121,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
     from triton.runtime.jit import create_function_from_signature
 
     target = GPUTarget("cuda", 90, 32)
@@ -147,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                          signature[kernel.arg_names[path[0]]] == "i32"]}
         start = time.time()
         try:
-            compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                                      options=options.__dict__)
+            source = (GluonASTSource if isinstance(kernel, GluonJITFunction) else ASTSource)(kernel, signature,
+                                                                                              constexprs, attrs)
+            compiled = triton.compile(source, target=target, options=options.__dict__)
         except Exception as exc:
             failed += 1
             traceback.print_exc()

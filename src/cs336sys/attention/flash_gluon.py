@@ -84,6 +84,8 @@ class GluonBackwardTiles:
     rotate: int = 0  # warp-specialised: a step's dK and dQ products issued in the next step (1), its dQ late (2)
     swap_ab: int = 0  # warp-specialised: keys on the MMA rows (S^T, dP^T), P and dS^T kept in registers;
     # dV's product issued before dS is formed (1) or after it (2)
+    dq_fragments: bool = False  # warp-specialised: the dQ workspace in the accumulators' register order
+    # (`flash_gluon_backward_common.add_dq`; where seq_q is a multiple of 64)
 
     def __str__(self) -> str:
         if self.consumer_regs:
@@ -91,7 +93,8 @@ class GluonBackwardTiles:
                     f"{self.producer_regs}" + ("" if self.shared_ds else "/own-dq")
                     + ("" if self.tiles_first else "/heads-first")
                     + {0: "", 1: "/rotated", 2: "/rotated-late"}.get(self.rotate, f"/rotate={self.rotate}")
-                    + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}"))
+                    + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}")
+                    + ("/dq-fragments" if self.dq_fragments else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
@@ -125,13 +128,16 @@ class GluonBackwardTiles:
 # issued in the next step (`flash_gluon_backward_rotated`). At d 128 the keys on the MMA rows
 # (`flash_gluon_backward_swapped`: P and dS^T stay in registers for dV and dK, which frees the shared
 # memory for a 3-deep ring), dV's product issued once dS is formed; the rotation spills there (720-1364
-# bytes). On one H100: 1.06-1.10x cuDNN's backward at the 2025 shape, 1.03-1.05x at the 2026 one,
-# against 1.3-1.5x for the `tl` backward (notes/flash_attention.md, "Warp-specialised backward" and
-# "Keys on the MMA rows"). Then the variants measured beside them (at d 64 also steps of 128 queries,
+# bytes). Both with the dQ workspace in the accumulators' register order (`dq_fragments`: no bank
+# conflicts storing dQ). On one H100: 1.01x cuDNN's backward at the 2025 shape, 0.99x at the 2026 one
+# (1.10x and 1.05x without `dq_fragments`, second in each list), against 1.3-1.5x for the `tl` backward
+# (notes/flash_attention.md, "Warp-specialised backward", "Keys on the MMA rows" and "dQ in register
+# order"). Then the variants measured beside them (at d 64 also steps of 128 queries,
 # FlashAttention-3's d 64 tiles: correct, but 2.8x cuDNN's time, spilling the 128-query S^T and dP^T),
 # and the single-partition kernel (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
-    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
+    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240), GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, shared_ds=False),
@@ -140,7 +146,8 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
          GluonBackwardTiles(128, 128, 3, 4, consumer_regs=240, swap_ab=2),  # FlashAttention-3's d 64 tiles: spills
          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
-    128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
+    128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True),
+          GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=1),
@@ -290,7 +297,8 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
         dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
                                                      tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
-                                                     tiles.tiles_first, tiles.rotate, tiles.swap_ab, tiles.block_m)
+                                                     tiles.tiles_first, tiles.rotate, tiles.swap_ab, tiles.block_m,
+                                                     tiles.dq_fragments)
     else:
         dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
                                                   tiles.block_n, tiles.stages, tiles.num_warps)

@@ -1,14 +1,26 @@
-"""What the Gluon backward kernels share: the warp-specialised kernel's tile sizes, the TMA reduce-add,
-the query tiles a key tile visits, a tile's L and D, P from S, and the dK/dV stores.
+"""What the Gluon backward kernels share: the warp-specialised kernel's tile sizes, the TMA reduce-add
+and the dQ workspace's two orders, the query tiles a key tile visits, a tile's L and D, P from S, and
+the dK/dV stores.
 
 Triton 3.6's Gluon has no Python wrapper for the TMA reduction (`cp.reduce.async.bulk.tensor`) that its
 builder offers (`GluonOpBuilder.create_async_tma_reduce`), so `tma_reduce_add` calls the builder.
+
+The fp32 dQ workspace is either dQ itself, row-major (batch*heads*seq_q, d), which the TMA reads from a
+128-byte-swizzled tile, or, with `dq_fragments`, the same bytes in tiles of 64 rows x `cols` columns,
+each tile in the order of the warpgroup MMA's accumulator registers (FlashAttention-3 lays its dQ
+accumulator out the same way). Storing the accumulator into the swizzled tile takes 8-byte stores, of
+which the rows r and r ^ 1 meet in the same banks; in register order every warp stores 512 contiguous
+bytes at a time, 16 per thread: no conflicts. `dq_from_fragments_kernel` puts the tiles back in dQ's
+order (and its dtype).
 """
 
 from __future__ import annotations
 
+import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 from triton.language.core import builtin
 
 KEYS = gl.constexpr(64)  # keys per consumer warpgroup; a CTA owns two such halves
@@ -23,6 +35,49 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.constexpr_function
+def dq_fragment_layout(cols):
+    """The shared layout of a 64 x `cols` fp32 tile in register order: offset bits (low to high) are
+    register bits 0-1, lane bits 0-4, warp bits 0-1, then the remaining register bits, as a warpgroup
+    MMA's accumulator places them (register bit 0: column 1, bit 1: row 8, bits 2...: columns 8, 16, ...;
+    lane bits: columns 2, 4, rows 1, 2, 4; warp bits: rows 16, 32). A [row, column] basis per offset bit."""
+    wide = [[0, 8 << k] for k in range((cols // 8).bit_length() - 1)]
+    return gl.SharedLinearLayout([[0, 1], [8, 0], [0, 2], [0, 4], [1, 0], [2, 0], [4, 0], [16, 0], [32, 0]] + wide)
+
+
+@gluon.jit
+def add_dq(dq_desc, dq_w, dq, row, col, HEAD_DIM: gl.constexpr):
+    """Add a warpgroup's dQ tile (dQ rows [row, row + 64) and columns [col, col + cols) of the flattened
+    (batch*heads*seq_q, HEAD_DIM) dQ) to the workspace: store it to `dq_w`, then TMA reduce-add. In
+    fragment order (a workspace descriptor without swizzle: (rows * HEAD_DIM / 64, 64) in blocks of
+    cols x 64) the tile's block starts at float row * HEAD_DIM + col * 64, where `row` is a multiple
+    of 64."""
+    if dq_desc.layout.swizzle_byte_width == 0:
+        dq_w._reinterpret(gl.float32, dq.type.shape, dq_fragment_layout(dq.type.shape[1])).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma_reduce_add(dq_desc, [row * (HEAD_DIM // 64) + col, 0], dq_w)
+    else:
+        dq_w.store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        tma_reduce_add(dq_desc, [row, col], dq_w)
+
+
+@triton.jit
+def dq_from_fragments_kernel(WS, DQ, HEAD_DIM: tl.constexpr, COLS: tl.constexpr):
+    """dQ[rows of tile 64 * program 0, columns of block program 1] from the fragment-ordered workspace
+    (`dq_fragment_layout`), converted to DQ's dtype; both (rows, HEAD_DIM), rows a multiple of 64."""
+    r0 = tl.program_id(0).to(tl.int64) * 64
+    c0 = tl.program_id(1) * COLS
+    rows = tl.arange(0, 64)[:, None]
+    cols = tl.arange(0, COLS)[None, :]
+    offset = ((cols & 1) | (((rows >> 3) & 1) << 1) | (((cols >> 1) & 3) << 2) | ((rows & 7) << 4)
+              | ((rows >> 4) << 7) | ((cols >> 3) << 9))
+    dq = tl.load(WS + r0 * HEAD_DIM + c0 * 64 + offset)
+    tl.store(DQ + (r0 + rows) * HEAD_DIM + c0 + cols, dq.to(DQ.dtype.element_ty))
 
 
 @gluon.jit

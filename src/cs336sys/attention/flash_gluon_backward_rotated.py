@@ -41,9 +41,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from cs336sys.attention.flash_gluon_backward_common import (
     KEYS,
     ROWS,
+    add_dq,
     probabilities,
     row_statistics,
-    tma_reduce_add,
 )
 
 
@@ -122,10 +122,7 @@ def _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t, i
     dq_w = dq_smem.index(W + t * runtime_zero)
     tma.store_wait(0)  # the previous reduce-add has read the buffer
     gl.thread_barrier()
-    dq_w.store(dq)
-    fence_async_shared()
-    gl.thread_barrier()
-    tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF], dq_w)
+    add_dq(dq_desc, dq_w, dq, q_row0 + t * ROWS, W * HALF, HEAD_DIM)
     return dk
 
 

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, row_statistics, tma_reduce_add
+from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, add_dq, row_statistics
 
 
 @gluon.jit
@@ -133,11 +133,8 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
 
         tma.store_wait(0)  # the previous step's reduce-add has read the dQ buffer
         gl.thread_barrier()
-        dq_w.store(dq)
-        fence_async_shared()
-        gl.thread_barrier()
         if BLOCK_M == ROWS:
-            tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF], dq_w)
+            add_dq(dq_desc, dq_w, dq, q_row0 + t * ROWS, W * HALF, HEAD_DIM)
         else:
-            tma_reduce_add(dq_desc, [q_row0 + t * BLOCK_M + W * ROWS, 0], dq_w)
+            add_dq(dq_desc, dq_w, dq, q_row0 + t * BLOCK_M + W * ROWS, 0, HEAD_DIM)
     return dk, dv

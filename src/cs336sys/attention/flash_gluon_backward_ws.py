@@ -44,11 +44,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from cs336sys.attention.flash_gluon_backward_common import (
     KEYS,
     ROWS,
+    add_dq,
     probabilities,
     query_tile_range,
     row_statistics,
     store_dk_dv,
-    tma_reduce_add,
 )
 from cs336sys.attention.flash_gluon_backward_rotated import rotated_consumer_steps
 from cs336sys.attention.flash_gluon_backward_swapped import swapped_consumer_steps
@@ -151,10 +151,7 @@ def _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq
 
         tma.store_wait(0)  # the previous step's reduce-add has read the dQ buffer
         gl.thread_barrier()
-        dq_w.store(dq)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma_reduce_add(dq_desc, [q_row0 + t * ROWS, W * HALF if SHARED_DS else 0], dq_w)
+        add_dq(dq_desc, dq_w, dq, q_row0 + t * ROWS, W * HALF if SHARED_DS else 0, HEAD_DIM)
     return dk, dv
 
 
@@ -239,7 +236,9 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
                                    SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
     """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
     zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
-    HEAD_DIM without SHARED_DS, or with BLOCK_M 128, where each warpgroup adds 64 rows of dQ)."""
+    HEAD_DIM without SHARED_DS, or with BLOCK_M 128, where each warpgroup adds 64 rows of dQ), or, not
+    swizzled, the same workspace in fragment order (`flash_gluon_backward_common.add_dq`): a
+    (batch*heads*seq_q*HEAD_DIM/64, 64) view in blocks of (those columns) x 64."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
     gl.static_assert(not (SWAP_AB and (ROTATE or not SHARED_DS)), "the swapped steps share dS and are not rotated")
@@ -257,10 +256,10 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     if SHARED_DS:  # two buffers (alternate steps), each with both warpgroups' halves: [buffer * 2 + warpgroup]
         ds_smem = gl.allocate_shared_memory(dtype, [4, KEYS, BLOCK_M], pds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, dq_desc.block_type.shape[1]], dq_desc.layout)
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [2, ROWS, KEYS], pds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS, HEAD_DIM], dq_desc.layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, dq_desc.block_type.shape[0], dq_desc.block_type.shape[1]],
+                                        dq_desc.layout)
     if SWAP_AB:  # P stays in registers
         p_smem = ds_smem
     else:
@@ -298,15 +297,18 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
 
 def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
                             consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
-                            rotate: int = 0, swap_ab: int = 0, block_m: int = 64):
+                            rotate: int = 0, swap_ab: int = 0, block_m: int = 64, dq_fragments: bool = False):
     """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
-    (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle."""
+    (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle.
+    `dq_fragments`: the dQ workspace in the accumulators' register order, where seq_q is a multiple of 64
+    (else row-major)."""
     import math
 
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from cs336sys.attention.flash_gluon_backward import LOG2E
+    from cs336sys.attention.flash_gluon_backward_common import dq_from_fragments_kernel
     from cs336sys.attention.flash_triton_backward import backward_delta_kernel
 
     *lead, seq_q, d = q.shape
@@ -324,12 +326,21 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale = 1.0 / math.sqrt(d)
     key_tiles = math.ceil(seq_k / (2 * KEYS.value))
+    dq_cols = d // 2 if shared_ds and block_m == ROWS.value else d  # each warpgroup's dQ tile: 64 rows x dq_cols
+    fragments = dq_fragments and seq_q % ROWS.value == 0
+    if fragments:
+        dq_view = TensorDescriptor(dq_acc.view(-1, 64), [bh * seq_q * d // 64, 64], [64, 1], [dq_cols, 64],
+                                   gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+    else:
+        dq_view = descriptor(dq_acc, seq_q, [ROWS.value, dq_cols], gl.float32)
     handle = flash_backward_gluon_ws_kernel[(key_tiles, bh) if tiles_first else (bh, key_tiles)](
         descriptor(q, seq_q, [block_m, d], element), descriptor(k, seq_k, [KEYS.value, d], element),
         descriptor(v, seq_k, [KEYS.value, d], element), descriptor(grad_out, seq_q, [block_m, d], element),
-        descriptor(dq_acc, seq_q, [ROWS.value, d // 2 if shared_ds and block_m == ROWS.value else d], gl.float32), dk,
-        dv, lse, delta, seq_q,
-        seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages, IS_CAUSAL=is_causal, SHARED_DS=shared_ds,
-        PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs, TILES_FIRST=tiles_first,
-        ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4)
+        dq_view, dk, dv, lse, delta, seq_q, seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages,
+        IS_CAUSAL=is_causal, SHARED_DS=shared_ds, PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs,
+        TILES_FIRST=tiles_first, ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4)
+    if fragments:
+        dq = torch.empty_like(q)
+        dq_from_fragments_kernel[(bh * seq_q // ROWS.value, d // dq_cols)](dq_acc, dq, HEAD_DIM=d, COLS=dq_cols)
+        return dq, dk, dv, handle
     return dq_acc.view(q.shape).to(q.dtype), dk, dv, handle
