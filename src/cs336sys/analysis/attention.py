@@ -172,13 +172,15 @@ def _summary(ctx: AttentionContext) -> list[dict]:
 
 def _gluon_why(ratios: list[tuple[str, dict]]) -> str:
     """Why the Gluon kernels miss cuDNN's time: for each part that misses, what the profiles showed
-    (notes/flash_attention.md, "Warp-specialised backward" and "Keys on the MMA rows")."""
+    (notes/flash_attention.md, "Warp-specialised backward", "Keys on the MMA rows", "dQ in register order")."""
     reasons = []
     if not all(at_most(r["bwd"], 1.0) for _, r in ratios):
         reasons.append("by their operand sizes the backward's five products per step read more shared memory than "
                        "the tensor cores take to run them (an estimate, notes/flash_attention.md); keeping P and dS "
-                       "in registers (keys on the MMA rows) took the d 128 backward 5 % closer, and gained nothing at "
-                       "d 64, where the dQ products, 32 columns a warpgroup, read the most per product")
+                       "in registers (keys on the MMA rows) took the d 128 backward 5 % closer, and storing dQ in its "
+                       "registers' order (no bank conflicts) another 5-9 % at both head dims; what is left is "
+                       "largest at d 64, where the dQ products, 32 columns a warpgroup, read the most per product, "
+                       "and steps of 128 queries, which would halve them, spill")
     if not all(at_most(r["fwd"], 1.0) for _, r in ratios):
         reasons.append("at d 64 the forward's exponentials weigh as much as its products (not profiled further)")
     return "; ".join(reasons)
