@@ -279,6 +279,38 @@ def profile_backward(shape_names: list[str], names: list[str]) -> None:
             _profile_once(f"{shape_name} backward {name}", fn)
 
 
+def order_check(shape_names: list[str], rounds: int) -> None:
+    """The backward alone, three ways timed in turn for `rounds` rounds at each shape: cuDNN (autograd),
+    the default Gluon backward through autograd and its launcher called directly, so that a drift of the
+    GPU's clocks over a process shows as a trend across rounds, not as a gap between the three."""
+    for shape_name in shape_names:
+        ways = _backward_ways(shape_name)
+        for r in range(rounds):
+            times = {name: bench(fn) for name, fn in ways.items()}
+            record(kind="order_check", shape=shape_name, round=r, **{f"{n}_ms": t for n, t in times.items()})
+            print(shape_name, r, "  ".join(f"{n} {t:.3f}" for n, t in times.items()), flush=True)
+
+
+def _backward_ways(shape_name: str) -> dict:
+    """`order_check`'s three backwards at one shape, as callables."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v, do = (torch.randn(SHAPES[shape_name], device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q4, k4, v4, do4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v, do))
+    cudnn_in = tuple(t.detach().requires_grad_() for t in (q4, k4, v4))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        cudnn_graph = torch.nn.functional.scaled_dot_product_attention(*cudnn_in, is_causal=True)
+    gluon_in = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    gluon_graph = FlashAttentionGluon.apply(*gluon_in, True, "gluon")
+    out, lse = flash_attention_gluon_forward(q, k, v, True)
+    ways = {
+        "cudnn": lambda: torch.autograd.grad(cudnn_graph, cudnn_in, do4, retain_graph=True),
+        "gluon_autograd": lambda: torch.autograd.grad(gluon_graph, gluon_in, do, retain_graph=True),
+        "gluon_direct": lambda: flash_attention_gluon_backward(q, k, v, out, lse, do, True),
+    }
+    return ways
+
+
 def main() -> None:
     global OUT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -297,6 +329,8 @@ def main() -> None:
                     "holds any of these (e.g. own-dq,heads-first)")
     ap.add_argument("--bwd-indices", default="", help="only these backward tiles: indices into "
                     "BACKWARD_VARIANTS[d] by head dim, e.g. '64:0,1;128:0,1'")
+    ap.add_argument("--order-check", type=int, default=0, help="only time cuDNN's backward and the default "
+                    "Gluon one (through autograd and directly) in turn, this many rounds")
     ap.add_argument("--profile-backward", default="", help="as --profile for the backward alone: 'cudnn' or "
                     "indices into BACKWARD_VARIANTS[d]")
     args = ap.parse_args()
@@ -304,6 +338,8 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     if args.profile:
         return profile(args.shapes.split(","), args.profile.split(","))
+    if args.order_check:
+        return order_check(args.shapes.split(","), args.order_check)
     if args.profile_backward:
         return profile_backward(args.shapes.split(","), args.profile_backward.split(","))
     names = [] if args.backward_only else list(VARIANTS) if args.variants == "all" else args.variants.split(",")
