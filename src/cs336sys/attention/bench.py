@@ -430,27 +430,39 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
 # A leaderboard call takes 1-80 ms: do_bench's grid budget (BENCH_*_MS) would time the 2026 shape's
 # forward+backward once, and the first call of a process (compiling its kernels) would set do_bench's
 # estimate of the call's time, hence how often it is repeated. So each measurement first runs the call
-# LEADERBOARD_WARM_CALLS times (compiled, tuned, the GPU at its clocks), then times at least
-# LEADERBOARD_MIN_CALLS calls.
+# for LEADERBOARD_WARM_S seconds and at least LEADERBOARD_WARM_CALLS times (compiled, tuned), then times
+# at least LEADERBOARD_MIN_CALLS calls. The seconds are for the GPU's clocks: on an H100 a backward timed
+# first in a cool process ran 4-6 % faster than once the GPU had been busy for some seconds
+# (notes/flash_attention.md, "The order of measurement"), which favoured whichever implementation a job
+# timed first.
 LEADERBOARD_WARM_CALLS = 3
+LEADERBOARD_WARM_S = 5.0
 LEADERBOARD_MIN_CALLS = 20
 
 
 def _leaderboard_ms(fn: Callable[[], None], device: torch.device,
                     grad_to_none: list[torch.Tensor] | None = None) -> float:
-    """Median milliseconds per call of `fn`: `bench_ms` on the CPU; on CUDA do_bench after warm calls,
-    with a budget of at least LEADERBOARD_MIN_CALLS calls (and do_bench's warm-up of a quarter of it)."""
+    """Median milliseconds per call of `fn`: `bench_ms` on the CPU; on CUDA do_bench after warm calls
+    (LEADERBOARD_WARM_S seconds of them), with a budget of at least LEADERBOARD_MIN_CALLS calls (and
+    do_bench's warm-up of a quarter of it)."""
     if device.type != "cuda":
         return bench_ms(fn, device, grad_to_none)
+    import time
+
     import triton.testing
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(LEADERBOARD_WARM_CALLS):
+    warm_until, calls = time.perf_counter() + LEADERBOARD_WARM_S, 0
+    while calls < LEADERBOARD_WARM_CALLS or time.perf_counter() < warm_until:
         for t in grad_to_none or ():
             t.grad = None
-        if i == LEADERBOARD_WARM_CALLS - 1:
-            start.record()
         fn()
+        torch.cuda.synchronize(device)  # the host's clock follows the GPU's work
+        calls += 1
+    for t in grad_to_none or ():
+        t.grad = None
+    start.record()
+    fn()
     end.record()
     torch.cuda.synchronize(device)
     rep_ms = max(BENCH_REP_MS, LEADERBOARD_MIN_CALLS * start.elapsed_time(end))
