@@ -24,6 +24,7 @@ Rows go to OUT/rows.jsonl; tables are printed last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import traceback
@@ -329,6 +330,8 @@ def main() -> None:
                     "holds any of these (e.g. own-dq,heads-first)")
     ap.add_argument("--bwd-indices", default="", help="only these backward tiles: indices into "
                     "BACKWARD_VARIANTS[d] by head dim, e.g. '64:0,1;128:0,1'")
+    ap.add_argument("--bwd-fragments", action="store_true", help="the selected warp-specialised backward "
+                    "tiles with their dQ workspace in register order (dq_fragments)")
     ap.add_argument("--order-check", type=int, default=0, help="only time cuDNN's backward and the default "
                     "Gluon one (through autograd and directly) in turn, this many rounds")
     ap.add_argument("--profile-backward", default="", help="as --profile for the backward alone: 'cudnn' or "
@@ -355,6 +358,8 @@ def main() -> None:
                 continue
             if args.ws_only and not tiles.consumer_regs:
                 continue
+            if args.bwd_fragments and tiles.consumer_regs:
+                tiles = dataclasses.replace(tiles, dq_fragments=True)
             if any(part and part in str(tiles) for part in args.skip_bwd.split(",")):
                 continue
             if args.no_check:
