@@ -8,10 +8,11 @@ builder offers (`GluonOpBuilder.create_async_tma_reduce`), so `tma_reduce_add` c
 The fp32 dQ workspace is either dQ itself, row-major (batch*heads*seq_q, d), which the TMA reads from a
 128-byte-swizzled tile, or, with `dq_fragments`, the same bytes in tiles of 64 rows x `cols` columns,
 each tile in the order of the warpgroup MMA's accumulator registers (FlashAttention-3 lays its dQ
-accumulator out the same way). Storing the accumulator into the swizzled tile takes 8-byte stores, of
-which the rows r and r ^ 1 meet in the same banks; in register order every warp stores 512 contiguous
-bytes at a time, 16 per thread: no conflicts. `dq_from_fragments_kernel` puts the tiles back in dQ's
-order (and its dtype).
+accumulator out the same way). Storing the accumulator into the swizzled tile takes 8-byte stores, which
+Nsight Compute found conflicting (545 M bank conflicts in the 2026 backward; by our reading of the
+addresses rows r and r ^ 1 meet in the same banks); in register order every warp stores 512 contiguous
+bytes at a time, 16 per thread (7.6 M conflicts left: notes/flash_attention.md, "dQ in register order").
+`dq_from_fragments_kernel` puts the tiles back in dQ's order (and its dtype).
 """
 
 from __future__ import annotations
