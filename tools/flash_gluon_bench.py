@@ -140,18 +140,23 @@ def check_backward(tiles: GluonBackwardTiles, d: int) -> float:
     return worst
 
 
-def backward_rows(shape_name, q, k, v, do, variants: list[GluonBackwardTiles]) -> list[tuple]:
-    """The backward alone at one shape, causal: cuDNN, `tl`, each Gluon variant (see the docstring)."""
+def cudnn_backward(q, k, v, do):
+    """cuDNN's backward alone, as a callable: autograd.grad over one retained causal SDPA graph (3-D
+    inputs, the 2025 harness's, get a heads axis: SDPA's fused kernels want 4-D)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    d = q.shape[-1]
-    table = []
     q4, k4, v4, do4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v, do))
     inputs = tuple(t.detach().requires_grad_() for t in (q4, k4, v4))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         graph = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=True)
-    cudnn = bench(lambda: torch.autograd.grad(graph, inputs, do4, retain_graph=True))
-    graph = inputs = None
+    return lambda: torch.autograd.grad(graph, inputs, do4, retain_graph=True)
+
+
+def backward_rows(shape_name, q, k, v, do, variants: list[GluonBackwardTiles]) -> list[tuple]:
+    """The backward alone at one shape, causal: cuDNN, `tl`, each Gluon variant (see the docstring)."""
+    d = q.shape[-1]
+    table = []
+    cudnn = bench(cudnn_backward(q, k, v, do))
     record(shape=shape_name, impl="cudnn", kind="bwd", bwd_ms=cudnn)
     table.append((shape_name, "cudnn (autograd)", "", cudnn, math.nan))
 
@@ -258,7 +263,6 @@ def profile(shape_names: list[str], names: list[str]) -> None:
 def profile_backward(shape_names: list[str], names: list[str]) -> None:
     """The backward alone, once warm, then once inside a profiler range: 'cudnn' (autograd.grad over one
     retained SDPA graph) or an index into BACKWARD_VARIANTS[d] (the launcher called directly)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     for shape_name in shape_names:
         shape = SHAPES[shape_name]
@@ -267,13 +271,7 @@ def profile_backward(shape_names: list[str], names: list[str]) -> None:
         out, lse = flash_attention_gluon_forward(q, k, v, True)
         for name in names:
             if name == "cudnn":
-                q4, k4, v4, do4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v, do))
-                inputs = tuple(t.detach().requires_grad_() for t in (q4, k4, v4))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    graph = torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=True)
-
-                def fn(graph=graph, inputs=inputs, do4=do4):
-                    torch.autograd.grad(graph, inputs, do4, retain_graph=True)
+                fn = cudnn_backward(q, k, v, do)
             else:
                 tiles = BACKWARD_VARIANTS[d][int(name)]
                 fn = lambda tiles=tiles, a=(q, k, v, out, lse, do): flash_attention_gluon_backward(*a, True, tiles)
@@ -294,18 +292,12 @@ def order_check(shape_names: list[str], rounds: int) -> None:
 
 def _backward_ways(shape_name: str) -> dict:
     """`order_check`'s three backwards at one shape, as callables."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     q, k, v, do = (torch.randn(SHAPES[shape_name], device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    q4, k4, v4, do4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v, do))
-    cudnn_in = tuple(t.detach().requires_grad_() for t in (q4, k4, v4))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        cudnn_graph = torch.nn.functional.scaled_dot_product_attention(*cudnn_in, is_causal=True)
     gluon_in = tuple(t.detach().requires_grad_() for t in (q, k, v))
     gluon_graph = FlashAttentionGluon.apply(*gluon_in, True, "gluon")
     out, lse = flash_attention_gluon_forward(q, k, v, True)
     ways = {
-        "cudnn": lambda: torch.autograd.grad(cudnn_graph, cudnn_in, do4, retain_graph=True),
+        "cudnn": cudnn_backward(q, k, v, do),
         "gluon_autograd": lambda: torch.autograd.grad(gluon_graph, gluon_in, do, retain_graph=True),
         "gluon_direct": lambda: flash_attention_gluon_backward(q, k, v, out, lse, do, True),
     }
