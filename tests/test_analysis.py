@@ -78,3 +78,23 @@ def test_every_section_returns_its_typed_context_and_builds_from_no_results(sect
     ctx = module.build([], tmp_path)
     assert isinstance(ctx, returned) and ctx.env == {}
     json.dumps(as_json(ctx))  # what `python -m cs336sys.analysis` writes
+
+
+@pytest.mark.parametrize("value, digits, text", [(-0.003, 0, "0%"), (-0.0004, 1, "0.0%"), (-0.006, 0, "-1%"),
+                                                 (0.25, 0, "25%")])
+def test_a_share_that_rounds_to_zero_has_no_sign(value, digits, text):
+    # a smoke grid on a CPU measured a communication share of -0.3 %: the table printed "-0%"
+    from cs336sys.analysis.formatting import percent
+    assert percent(value, digits) == text
+
+
+@pytest.mark.parametrize("value, digits, thousands, text", [(-0.04, 1, False, "0.0"), (-0.4, 0, True, "0"),
+                                                            (-0.4, 1, False, "-0.4"), (-1234.5, 0, True, "-1,234")])
+def test_a_number_that_rounds_to_zero_has_no_sign(value, digits, thousands, text):
+    from cs336sys.analysis.formatting import fixed
+    assert fixed(value, digits, thousands=thousands) == text
+
+
+def test_the_templates_number_filter_prints_no_minus_zero():
+    from cs336sys.report import _num
+    assert (_num(-0.001, 1), _num(-0.3, 1), _num(-1234.5, 1)) == ("0.0", "-0.3", "-1,234.5")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jinja2
 
+from cs336sys.analysis.formatting import no_minus_zero
 from cs336sys.io import write_atomic
 from cs336sys.registry import SECTIONS
 from cs336sys.writeup import markup
@@ -35,7 +36,7 @@ def _num(value, digits: int = 2) -> str:
         return "n/a"
     if isinstance(value, int):
         return f"{value:,}"
-    return f"{value:,.{digits}f}"
+    return no_minus_zero(f"{value:,.{digits}f}")
 
 
 def _span(pair, digits: int = 2) -> str:

@@ -24,13 +24,18 @@ def fixed(value, digits: int = 2, missing: str = "", thousands: bool = False) ->
     v = number(value)
     if v is None:
         return missing
-    return f"{v:,.{digits}f}" if thousands else f"{v:.{digits}f}"
+    return no_minus_zero(f"{v:,.{digits}f}" if thousands else f"{v:.{digits}f}")
 
 
 def percent(share, digits: int = 0, missing: str = "") -> str:
     """A share (0.25) as a percentage ("25%"), or `missing` where absent."""
     v = number(share)
-    return missing if v is None else f"{100 * v:.{digits}f}%"
+    return missing if v is None else no_minus_zero(f"{100 * v:.{digits}f}") + "%"
+
+
+def no_minus_zero(text: str) -> str:
+    """A formatted number that rounded to zero loses its sign: "-0.0" from -0.04 is printed "0.0"."""
+    return text[1:] if text.startswith("-") and not text.strip("-0.,") else text
 
 
 def mean_std(mean: float, std: float, digits: int = 2) -> str:
