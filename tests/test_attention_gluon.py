@@ -87,6 +87,28 @@ def test_forward_tiles_cover_the_head_dims():
         assert str(tiles).startswith(f"{tiles.block_m}x{tiles.block_n}/")
 
 
+@pytest.mark.parametrize("extra,kwargs", [({}, {}), ({"p_late": True}, {"P_LATE": True}),
+                                          ({"max_regs": 80}, {"maxnreg": 80})])
+def test_forward_options_reach_the_launch_only_when_set(monkeypatch, extra, kwargs):
+    # an option left at its default is not passed, so the default launches compile as before it existed
+    from cs336sys.attention import flash_gluon_forward_ws
+
+    launches = []
+
+    class Caught:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append(kw)
+
+    monkeypatch.setattr(flash_gluon_forward_ws, "flash_forward_gluon_ws_kernel", Caught())
+    monkeypatch.setattr(flash_gluon, "check_gluon_inputs", lambda *a: None)  # CPU tensors stand in for CUDA
+    q = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    tiles = replace(flash_gluon.FORWARD_TILES[64], **extra)
+    flash_attention_gluon_forward(q, q, q, True, tiles)
+    (kw,) = launches
+    assert {k: kw[k] for k in ("P_LATE", "maxnreg") if k in kw} == kwargs
+    assert ("/p-late" in str(tiles), "/max80" in str(tiles)) == ("p_late" in extra, "max_regs" in extra)
+
+
 def test_backward_choice(monkeypatch):
     monkeypatch.delenv(BACKWARD_ENV, raising=False)
     assert backward_choice() == "gluon"  # the default: the warp-specialised Gluon backward, the faster one
@@ -215,6 +237,30 @@ def test_gluon_writes_every_output(fresh_seed):
 def test_warp_specialised_forward_matches_float64(lead, seq_q, seq_k, causal, d, fresh_seed):
     tiles = flash_gluon.GluonTiles(128, 128, 2, 4, True, consumer_regs=240)
     q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
+    out, lse = flash_attention_gluon_forward(q, k, v, causal, tiles)
+    ref_out, ref_lse, *_ = reference_attention(q, k, v, torch.zeros_like(q), causal)
+    assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 2e-2
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 3), 1000, 1000, True), ((2,), 300, 700, False)])
+@on_hopper
+def test_p_cast_late_gives_the_same_bits(lead, seq_q, seq_k, causal, d, fresh_seed):
+    # P carried in fp32 and cast just before its product is the same operand, cast at another time
+    q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
+    out, lse = flash_attention_gluon_forward(q, k, v, causal)
+    late, late_lse = flash_attention_gluon_forward(q, k, v, causal, replace(flash_gluon.FORWARD_TILES[d], p_late=True))
+    assert torch.equal(late, out) and torch.equal(late_lse, lse)
+    ref_out, ref_lse, *_ = reference_attention(q, k, v, torch.zeros_like(q), causal)
+    assert rel_err(late, ref_out) < 2e-2 and rel_err(late_lse, ref_lse) < 2e-2
+
+
+@pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 3), 1000, 1000, True), ((2,), 300, 700, False),
+                                                      ((1, 2), 700, 300, True)])
+@on_hopper
+def test_two_ctas_an_sm_forward_matches_float64(lead, seq_q, seq_k, causal, fresh_seed):
+    tiles = flash_gluon.GluonTiles(128, 64, 3, 4, True, consumer_regs=104, tiles_first=True, max_regs=80)
+    q, k, v = (torch.randn(*lead, n, 64, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
     out, lse = flash_attention_gluon_forward(q, k, v, causal, tiles)
     ref_out, ref_lse, *_ = reference_attention(q, k, v, torch.zeros_like(q), causal)
     assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 2e-2

@@ -45,11 +45,14 @@ class GluonTiles:
     consumer_regs: int = 0  # 0: not warp-specialised
     producer_regs: int = 24
     tiles_first: bool = False  # warp-specialised: grid (query tiles, batch*heads), so CTAs share a head's K, V
+    max_regs: int = 0  # warp-specialised: registers per thread at launch (ptxas's .maxnreg); 0: the compiler's
+    p_late: bool = False  # warp-specialised: P carried in fp32 to the next step, cast just before its PV product
 
     def __str__(self) -> str:
         if self.consumer_regs:
             return (f"{self.block_m}x{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/{self.producer_regs}"
-                    + ("/tiles-first" if self.tiles_first else ""))
+                    + ("/tiles-first" if self.tiles_first else "") + (f"/max{self.max_regs}" if self.max_regs else "")
+                    + ("/p-late" if self.p_late else ""))
         schedule = "overlap" if self.overlap else "serial"
         return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.stages}/{schedule}"
 
@@ -266,7 +269,8 @@ def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             descriptor(q, seq_q, 64), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,
             HEAD_DIM=d, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
             PRODUCER_REGS=tiles.producer_regs, CONSUMER_REGS=tiles.consumer_regs, TILES_FIRST=tiles.tiles_first,
-            num_warps=4)
+            num_warps=4, **({"maxnreg": tiles.max_regs} if tiles.max_regs else {}),
+            **({"P_LATE": True} if tiles.p_late else {}))
     else:
         handle = flash_forward_gluon_kernel[grid](
             descriptor(q, seq_q, tiles.block_m), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,

@@ -36,20 +36,39 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_
 
 
 @gluon.jit
+def _carried_p(p, dtype: gl.constexpr, o_layout: gl.constexpr, P_LATE: gl.constexpr):
+    """What the loop carries of tile j's P to the next step's PV product: P in fp32 with P_LATE, else
+    the product's bf16/fp16 operand."""
+    if P_LATE:
+        return p
+    else:
+        return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+
+
+@gluon.jit
+def _pv_operand(p_op, dtype: gl.constexpr, o_layout: gl.constexpr, P_LATE: gl.constexpr):
+    """The PV product's A operand from what the loop carried (`_carried_p`)."""
+    if P_LATE:
+        return gl.convert_layout(p_op.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    else:
+        return p_op
+
+
+@gluon.jit
 def _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, rows,
                     j_lo, j_hi, seq_k, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
                     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    MASK: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                    MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, P_LATE: gl.constexpr):
     for j in range(j_lo, j_hi):
         s = _issue_scores(q_smem, k_smem, k_bars, j, s_layout, ROWS, BLOCK_N, STAGES)
         prev = (j - 1) % STAGES
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        acc = warpgroup_mma(_pv_operand(p_op, k_smem.dtype, o_layout, P_LATE), v_smem.index(prev), acc,
+                            is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j, seq_k, qk_scale, s_layout, BLOCK_N, MASK,
                                            IS_CAUSAL)
-        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        p_op = _carried_p(p, k_smem.dtype, o_layout, P_LATE)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty_bars.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -59,12 +78,11 @@ def _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars,
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, O, LSE, bh, m0, seq_q, seq_k,
               qk_scale, n_tiles, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_OFF: gl.constexpr):
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_OFF: gl.constexpr, P_LATE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     dtype: gl.constexpr = k_smem.dtype
     r0 = m0 + ROW_OFF
     if IS_CAUSAL:
@@ -80,16 +98,16 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, O, LSE,
     s = _issue_scores(q_smem, k_smem, k_bars, 0, s_layout, ROWS, BLOCK_N, STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, seq_k, qk_scale, s_layout, BLOCK_N, True, IS_CAUSAL)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    p_op = _carried_p(p, dtype, o_layout, P_LATE)
     acc, m_i, l_i, p_op = _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
                                           rows, 1, n_free, seq_k, qk_scale, s_layout, o_layout, ROWS, BLOCK_N,
-                                          STAGES, False, IS_CAUSAL)
+                                          STAGES, False, IS_CAUSAL, P_LATE)
     acc, m_i, l_i, p_op = _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
                                           rows, gl.maximum(n_free, 1), n_tiles, seq_k, qk_scale, s_layout, o_layout,
-                                          ROWS, BLOCK_N, STAGES, True, IS_CAUSAL)
+                                          ROWS, BLOCK_N, STAGES, True, IS_CAUSAL, P_LATE)
     last = n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+    acc = warpgroup_mma(_pv_operand(p_op, dtype, o_layout, P_LATE), v_smem.index(last % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -108,7 +126,7 @@ def flash_forward_gluon_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, 
                                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                   CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr = False,
-                                  num_warps: gl.constexpr = 4):
+                                  P_LATE: gl.constexpr = False, num_warps: gl.constexpr = 4):
     """Grid (batch*heads, query tiles), or with TILES_FIRST (query tiles, batch*heads): then the CTAs
     that run together share one head's K and V in L2."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
@@ -144,9 +162,9 @@ def flash_forward_gluon_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, 
 
     gl.warp_specialize([
         (_consumer, (q_smem.index(0), k_smem, v_smem, q_bars.index(0), k_bars, v_bars, empty_bars, O, LSE, bh, m0,
-                     seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES, IS_CAUSAL, 0)),
+                     seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES, IS_CAUSAL, 0, P_LATE)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, empty_bars, bh, m0,
                      seq_q, seq_k, n_tiles, ROWS, BLOCK_N, STAGES)),
         (_consumer, (q_smem.index(1), k_smem, v_smem, q_bars.index(1), k_bars, v_bars, empty_bars, O, LSE, bh, m0,
-                     seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES, IS_CAUSAL, ROWS)),
+                     seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES, IS_CAUSAL, ROWS, P_LATE)),
     ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
