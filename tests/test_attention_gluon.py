@@ -88,6 +88,7 @@ def test_forward_tiles_cover_the_head_dims():
 
 
 @pytest.mark.parametrize("extra,kwargs", [({}, {}), ({"p_late": True}, {"P_LATE": True}),
+                                          ({"pingpong": True, "pin": True}, {"PINGPONG": True, "PIN": True}),
                                           ({"max_regs": 80}, {"maxnreg": 80})])
 def test_forward_options_reach_the_launch_only_when_set(monkeypatch, extra, kwargs):
     # an option left at its default is not passed, so the default launches compile as before it existed
@@ -105,8 +106,9 @@ def test_forward_options_reach_the_launch_only_when_set(monkeypatch, extra, kwar
     tiles = replace(flash_gluon.FORWARD_TILES[64], **extra)
     flash_attention_gluon_forward(q, q, q, True, tiles)
     (kw,) = launches
-    assert {k: kw[k] for k in ("P_LATE", "maxnreg") if k in kw} == kwargs
-    assert ("/p-late" in str(tiles), "/max80" in str(tiles)) == ("p_late" in extra, "max_regs" in extra)
+    assert {k: kw[k] for k in ("P_LATE", "PINGPONG", "PIN", "maxnreg") if k in kw} == kwargs
+    for option, label in (("p_late", "/p-late"), ("pingpong", "/pingpong"), ("pin", "/pin"), ("max_regs", "/max80")):
+        assert (label in str(tiles)) == (option in extra)
 
 
 def test_backward_choice(monkeypatch):
@@ -242,17 +244,23 @@ def test_warp_specialised_forward_matches_float64(lead, seq_q, seq_k, causal, d,
     assert rel_err(out, ref_out) < 2e-2 and rel_err(lse, ref_lse) < 2e-2
 
 
+FORWARD_OPTIONS = [{"p_late": True}, {"pingpong": True}, {"pin": True}, {"pin": True, "p_late": True},
+                   {"pin": True, "pingpong": True, "p_late": True}]
+
+
+@pytest.mark.parametrize("options", FORWARD_OPTIONS, ids=lambda o: "+".join(o))
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 3), 1000, 1000, True), ((2,), 300, 700, False)])
 @on_hopper
-def test_p_cast_late_gives_the_same_bits(lead, seq_q, seq_k, causal, d, fresh_seed):
-    # P carried in fp32 and cast just before its product is the same operand, cast at another time
+def test_forward_schedule_options_give_the_same_bits(lead, seq_q, seq_k, causal, d, options, fresh_seed):
+    # each option moves work in time (P's cast, whose turn it is to issue, where the PV wait falls), not
+    # what is computed: the output must be the default's to the bit, and a race would show here
     q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
     out, lse = flash_attention_gluon_forward(q, k, v, causal)
-    late, late_lse = flash_attention_gluon_forward(q, k, v, causal, replace(flash_gluon.FORWARD_TILES[d], p_late=True))
-    assert torch.equal(late, out) and torch.equal(late_lse, lse)
+    got, got_lse = flash_attention_gluon_forward(q, k, v, causal, replace(flash_gluon.FORWARD_TILES[d], **options))
+    assert torch.equal(got, out) and torch.equal(got_lse, lse)
     ref_out, ref_lse, *_ = reference_attention(q, k, v, torch.zeros_like(q), causal)
-    assert rel_err(late, ref_out) < 2e-2 and rel_err(late_lse, ref_lse) < 2e-2
+    assert rel_err(got, ref_out) < 2e-2 and rel_err(got_lse, ref_lse) < 2e-2
 
 
 @pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 3), 1000, 1000, True), ((2,), 300, 700, False),

@@ -70,9 +70,12 @@ VARIANTS = {  # name -> tiles per head dim
     "ws_tiles_first_deep": {64: GluonTiles(128, 128, 4, 4, True, 240, tiles_first=True),
                             128: GluonTiles(128, 128, 3, 4, True, 240, tiles_first=True)},
     "ws_d128s3": {64: GluonTiles(128, 128, 3, 4, True, 240), 128: GluonTiles(128, 128, 3, 4, True, 240)},
-    # the defaults with P cast just before its product (ptxas then emits no PRMT: 443 -> 409 instructions
-    # in the d 64 loop, by the SASS of Triton 3.6's ptxas)
-    "ws_p_late": {d: dataclasses.replace(t, p_late=True) for d, t in FORWARD_TILES.items()},
+    # the defaults with one schedule option or more (GluonTiles; notes/flash_attention.md, "The forward's
+    # PV wait"): P cast just before its product, the consumers taking turns, the PV wait kept after the softmax
+    **{"ws_" + "_".join(options): {d: dataclasses.replace(t, **dict.fromkeys(options, True))
+                                   for d, t in FORWARD_TILES.items()}
+       for options in (("p_late",), ("pingpong",), ("pin",), ("pin", "p_late"), ("pin", "pingpong"),
+                       ("pin", "pingpong", "p_late"))},
     # two CTAs an SM at d 64: 12 warps (Triton rounds the 9 up to whole warpgroups) x 80 registers at
     # launch, 64-key tiles (32 bytes of spills; with P cast late 180, and at d 128 over 500)
     "ws_two_ctas": {64: GluonTiles(128, 64, 3, 4, True, 104, tiles_first=True, max_regs=80)},

@@ -47,12 +47,15 @@ class GluonTiles:
     tiles_first: bool = False  # warp-specialised: grid (query tiles, batch*heads), so CTAs share a head's K, V
     max_regs: int = 0  # warp-specialised: registers per thread at launch (ptxas's .maxnreg); 0: the compiler's
     p_late: bool = False  # warp-specialised: P carried in fp32 to the next step, cast just before its PV product
+    pingpong: bool = False  # warp-specialised: the two consumers take turns to issue their products
+    pin: bool = False  # warp-specialised: the softmax kept before the PV product's wait (a scratch store)
 
     def __str__(self) -> str:
         if self.consumer_regs:
             return (f"{self.block_m}x{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/{self.producer_regs}"
                     + ("/tiles-first" if self.tiles_first else "") + (f"/max{self.max_regs}" if self.max_regs else "")
-                    + ("/p-late" if self.p_late else ""))
+                    + ("/p-late" if self.p_late else "") + ("/pingpong" if self.pingpong else "")
+                    + ("/pin" if self.pin else ""))
         schedule = "overlap" if self.overlap else "serial"
         return f"{self.block_m}x{self.block_n}/w{self.num_warps}/s{self.stages}/{schedule}"
 
@@ -270,7 +273,8 @@ def flash_attention_gluon_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             HEAD_DIM=d, BLOCK_N=tiles.block_n, STAGES=tiles.stages, IS_CAUSAL=is_causal,
             PRODUCER_REGS=tiles.producer_regs, CONSUMER_REGS=tiles.consumer_regs, TILES_FIRST=tiles.tiles_first,
             num_warps=4, **({"maxnreg": tiles.max_regs} if tiles.max_regs else {}),
-            **({"P_LATE": True} if tiles.p_late else {}))
+            **{name: True for name, on in (("P_LATE", tiles.p_late), ("PINGPONG", tiles.pingpong), ("PIN", tiles.pin))
+               if on})
     else:
         handle = flash_forward_gluon_kernel[grid](
             descriptor(q, seq_q, tiles.block_m), k_desc, v_desc, out, lse, seq_q, seq_k, qk_scale,

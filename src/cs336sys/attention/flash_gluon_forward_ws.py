@@ -11,6 +11,16 @@ have arrived, so one warpgroup's softmax can run while the other's products use 
 Both consumers visit the same key tiles (the CTA's), so that every slot is released by both; the
 first warpgroup's extra causal tile is masked. Each consumer writes its own O and L rows (in Triton
 3.6 the default partition cannot return tensors).
+
+Schedule options (constexpr, off by default; `GluonTiles` sets them), none of which changes what is computed:
+- P_LATE: the loop carries P in fp32 and casts it just before its PV product (else the bf16 operand is
+  carried, and ptxas packs it in the other half order and swaps the halves with a PRMT each pair).
+- PIN: each step stores its row sums to a scratch buffer just before the PV product's wait. Without it,
+  ptxas (Triton 3.6) schedules that wait straight after the wait for S, so the softmax runs after the PV
+  product instead of under it. With the store before it ptxas leaves the wait after the store (so we
+  read the SASS), and the row sums are the softmax's last result.
+- PINGPONG: the consumers take turns to issue their products (an mbarrier each, `_take_turn`), so that
+  one's products run while the other computes its softmax.
 """
 
 from __future__ import annotations
@@ -55,20 +65,41 @@ def _pv_operand(p_op, dtype: gl.constexpr, o_layout: gl.constexpr, P_LATE: gl.co
 
 
 @gluon.jit
-def _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, rows,
-                    j_lo, j_hi, seq_k, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
+def _take_turn(turn_bars, n, TURN: gl.constexpr):
+    """Ping-pong (TURN: this consumer's index, 0 or 1; -1: off): before issuing its products of step n,
+    consumer 0 waits until consumer 1 has issued those of step n - 1, consumer 1 until consumer 0 has
+    issued those of step n. Consumer 0's first wait (parity 1 of a fresh barrier) passes at once."""
+    if TURN >= 0:
+        mbarrier.wait(turn_bars.index(TURN), (n & 1) ^ (1 - TURN))
+
+
+@gluon.jit
+def _pass_turn(turn_bars, TURN: gl.constexpr):
+    """Ping-pong: this consumer's products of the step are issued; the other consumer's turn."""
+    if TURN >= 0:
+        mbarrier.arrive(turn_bars.index(1 - TURN), count=1)
+
+
+@gluon.jit
+def _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars, turn_bars, pin_smem,
+                    rows, j_lo, j_hi, seq_k, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr,
                     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, P_LATE: gl.constexpr):
+                    MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, P_LATE: gl.constexpr, TURN: gl.constexpr,
+                    PIN: gl.constexpr):
     for j in range(j_lo, j_hi):
+        _take_turn(turn_bars, j, TURN)
         s = _issue_scores(q_smem, k_smem, k_bars, j, s_layout, ROWS, BLOCK_N, STAGES)
         prev = (j - 1) % STAGES
         mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(_pv_operand(p_op, k_smem.dtype, o_layout, P_LATE), v_smem.index(prev), acc,
                             is_async=True)
+        _pass_turn(turn_bars, TURN)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j, seq_k, qk_scale, s_layout, BLOCK_N, MASK,
                                            IS_CAUSAL)
         p_op = _carried_p(p, k_smem.dtype, o_layout, P_LATE)
+        if PIN:  # ptxas keeps the PV wait after this store, so after the softmax that the row sums close
+            pin_smem.store(l_i)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty_bars.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -76,9 +107,10 @@ def _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars,
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, O, LSE, bh, m0, seq_q, seq_k,
-              qk_scale, n_tiles, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_OFF: gl.constexpr, P_LATE: gl.constexpr):
+def _consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, turn_bars, pin_smem, O, LSE, bh, m0,
+              seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, ROW_OFF: gl.constexpr, P_LATE: gl.constexpr,
+              PINGPONG: gl.constexpr, PIN: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -94,20 +126,26 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, empty_bars, O, LSE,
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
 
+    TURN: gl.constexpr = ROW_OFF // ROWS if PINGPONG else -1
     mbarrier.wait(q_bar, 0)
+    _take_turn(turn_bars, 0, TURN)
     s = _issue_scores(q_smem, k_smem, k_bars, 0, s_layout, ROWS, BLOCK_N, STAGES)
+    _pass_turn(turn_bars, TURN)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, seq_k, qk_scale, s_layout, BLOCK_N, True, IS_CAUSAL)
     p_op = _carried_p(p, dtype, o_layout, P_LATE)
     acc, m_i, l_i, p_op = _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
-                                          rows, 1, n_free, seq_k, qk_scale, s_layout, o_layout, ROWS, BLOCK_N,
-                                          STAGES, False, IS_CAUSAL, P_LATE)
+                                          turn_bars, pin_smem, rows, 1, n_free, seq_k, qk_scale, s_layout, o_layout,
+                                          ROWS, BLOCK_N, STAGES, False, IS_CAUSAL, P_LATE, TURN, PIN)
     acc, m_i, l_i, p_op = _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars, empty_bars,
-                                          rows, gl.maximum(n_free, 1), n_tiles, seq_k, qk_scale, s_layout, o_layout,
-                                          ROWS, BLOCK_N, STAGES, True, IS_CAUSAL, P_LATE)
+                                          turn_bars, pin_smem, rows, gl.maximum(n_free, 1), n_tiles, seq_k, qk_scale,
+                                          s_layout, o_layout, ROWS, BLOCK_N, STAGES, True, IS_CAUSAL, P_LATE, TURN,
+                                          PIN)
     last = n_tiles - 1
     mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
+    _take_turn(turn_bars, n_tiles, TURN)
     acc = warpgroup_mma(_pv_operand(p_op, dtype, o_layout, P_LATE), v_smem.index(last % STAGES), acc, is_async=True)
+    _pass_turn(turn_bars, TURN)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -126,7 +164,8 @@ def flash_forward_gluon_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, 
                                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                   IS_CAUSAL: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                   CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr = False,
-                                  P_LATE: gl.constexpr = False, num_warps: gl.constexpr = 4):
+                                  P_LATE: gl.constexpr = False, PINGPONG: gl.constexpr = False,
+                                  PIN: gl.constexpr = False, num_warps: gl.constexpr = 4):
     """Grid (batch*heads, query tiles), or with TILES_FIRST (query tiles, batch*heads): then the CTAs
     that run together share one head's K and V in L2."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
@@ -153,6 +192,19 @@ def flash_forward_gluon_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, 
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(empty_bars.index(i), count=2)  # one arrive per consumer warpgroup
+    if PINGPONG:  # turn_bars.index(c): consumer c may issue (one arrive by the other consumer)
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(turn_bars.index(c), count=1)
+    else:
+        turn_bars = empty_bars  # not used
+    if PIN:  # scratch for each consumer's row sums, written and never read (see `_consumer_tiles`)
+        pin_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        pin0 = gl.allocate_shared_memory(gl.float32, [ROWS], pin_layout)
+        pin1 = gl.allocate_shared_memory(gl.float32, [ROWS], pin_layout)
+    else:
+        pin0 = empty_bars  # not used
+        pin1 = empty_bars
 
     if IS_CAUSAL:
         hi = gl.minimum(m0 + BLOCK_M, seq_k)
@@ -161,10 +213,12 @@ def flash_forward_gluon_ws_kernel(q_desc, k_desc, v_desc, O, LSE, seq_q, seq_k, 
     n_tiles = (hi + BLOCK_N - 1) // BLOCK_N
 
     gl.warp_specialize([
-        (_consumer, (q_smem.index(0), k_smem, v_smem, q_bars.index(0), k_bars, v_bars, empty_bars, O, LSE, bh, m0,
-                     seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES, IS_CAUSAL, 0, P_LATE)),
+        (_consumer, (q_smem.index(0), k_smem, v_smem, q_bars.index(0), k_bars, v_bars, empty_bars, turn_bars,
+                     pin0, O, LSE, bh, m0, seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES,
+                     IS_CAUSAL, 0, P_LATE, PINGPONG, PIN)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, empty_bars, bh, m0,
                      seq_q, seq_k, n_tiles, ROWS, BLOCK_N, STAGES)),
-        (_consumer, (q_smem.index(1), k_smem, v_smem, q_bars.index(1), k_bars, v_bars, empty_bars, O, LSE, bh, m0,
-                     seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES, IS_CAUSAL, ROWS, P_LATE)),
+        (_consumer, (q_smem.index(1), k_smem, v_smem, q_bars.index(1), k_bars, v_bars, empty_bars, turn_bars,
+                     pin1, O, LSE, bh, m0, seq_q, seq_k, qk_scale, n_tiles, HEAD_DIM, ROWS, BLOCK_N, STAGES,
+                     IS_CAUSAL, ROWS, P_LATE, PINGPONG, PIN)),
     ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
