@@ -335,6 +335,22 @@ def test_dq_in_register_order_matches_float64(lead, seq_q, seq_k, causal, d, fre
         assert all(e < TOLERANCE[torch.bfloat16] for e in errors.values()), (str(tiles), errors)
 
 
+@pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 2), 512, 512, True), ((2,), 320, 200, True),
+                                                     ((2,), 192, 448, False)])
+@on_hopper
+def test_ds_first_gives_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, fresh_seed):
+    # rotate=3 stores dS before finishing the previous step: the same products in the same order per key
+    # tile, so dK and dV are the plain rotation's to the bit (dQ is summed across CTAs in no fixed order)
+    q, k, v = (torch.randn(*lead, n, 64, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
+    grad_out = torch.randn_like(q)
+    out, lse = flash_attention_gluon_forward(q, k, v, causal)
+    plain = GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True)
+    dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, plain)
+    dq3, dk3, dv3 = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, replace(plain, rotate=3))
+    assert torch.equal(dk3, dk) and torch.equal(dv3, dv)
+    assert rel_err(dq3, dq) < 1e-2
+
+
 @on_hopper
 def test_gluon_backward_writes_every_gradient(fresh_seed):
     """Key tiles no query sees (causal, more keys than queries) must still get their zeros written:

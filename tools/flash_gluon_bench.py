@@ -27,6 +27,8 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
+import time
 import traceback
 from pathlib import Path
 
@@ -229,6 +231,38 @@ def sdpa_rows(shape_name, q, k, v, do) -> float:
     return cudnn, cudnn_fb
 
 
+def forward_rounds(shape_name: str, q, k, v, variants: dict, rounds: int) -> None:
+    """The forward of cuDNN and of each variant (name -> tiles) timed in turn, `rounds` times, after 5 s of
+    warm-up: a few-percent difference between variants is then not the order they ran in (the first
+    kernel timed on a cool GPU ran 4-6 % faster; notes/flash_attention.md, "The order of measurement")."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+
+    calls = {"cudnn": cudnn} | {name: (lambda tiles=tiles: flash_attention_gluon_forward(q, k, v, True, tiles))
+                                for name, tiles in variants.items()}
+    end = time.perf_counter() + 5.0
+    while time.perf_counter() < end:
+        for fn in calls.values():
+            fn()
+        torch.cuda.synchronize()
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(bench(fn))
+    base = statistics.median(times["cudnn"])
+    for name, ts in times.items():
+        ms = statistics.median(ts)
+        record(kind="forward_rounds", shape=shape_name, variant=name,
+               tiles=str(variants[name]) if name in variants else "", fwd_ms=ms, rounds=ts, fwd_vs_cudnn=ms / base)
+        each = " ".join(f"{t:.3f}" for t in ts)
+        print(f"{shape_name:6} {name:26} {ms:8.3f} ms {ms / base:7.3f}x cuDNN  rounds {each}")
+
+
 def fwd_bwd(cls, q, k, v, do, *extra):
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
@@ -337,6 +371,8 @@ def main() -> None:
                     "tiles with their dQ workspace in register order (dq_fragments)")
     ap.add_argument("--order-check", type=int, default=0, help="only time cuDNN's backward and the default "
                     "Gluon one (through autograd and directly) in turn, this many rounds")
+    ap.add_argument("--forward-rounds", type=int, default=0, help="only time the forward of cuDNN and of the "
+                    "selected variants in turn, this many rounds (medians; each variant checked first)")
     ap.add_argument("--profile-backward", default="", help="as --profile for the backward alone: 'cudnn' or "
                     "indices into BACKWARD_VARIANTS[d]")
     args = ap.parse_args()
@@ -393,6 +429,14 @@ def main() -> None:
             if err < 2e-2:
                 good[name, d] = tiles
 
+    if args.forward_rounds:
+        for shape_name in args.shapes.split(","):
+            shape = SHAPES[shape_name]
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+            forward_rounds(shape_name, q, k, v, {name: good[name, shape[-1]] for name in names
+                                                 if (name, shape[-1]) in good}, args.forward_rounds)
+        return
     table, bwd_table = [], []
     for shape_name in args.shapes.split(","):
         shape = SHAPES[shape_name]

@@ -87,7 +87,8 @@ class GluonBackwardTiles:
     producer_regs: int = 24
     shared_ds: bool = True  # warp-specialised: dQ over both halves' dS (else each warpgroup's own keys)
     tiles_first: bool = True  # warp-specialised: grid (key tiles, batch*heads), so CTAs share a head's Q, dO
-    rotate: int = 0  # warp-specialised: a step's dK and dQ products issued in the next step (1), its dQ late (2)
+    rotate: int = 0  # warp-specialised: a step's dK and dQ products issued in the next step (1), its dQ late (2),
+    # its dS stored before the previous step is finished (3)
     swap_ab: int = 0  # warp-specialised: keys on the MMA rows (S^T, dP^T), P and dS^T kept in registers;
     # dV's product issued before dS is formed (1) or after it (2)
     dq_fragments: bool = False  # warp-specialised: the dQ workspace in the accumulators' register order
@@ -98,7 +99,8 @@ class GluonBackwardTiles:
             return (f"bwd q{self.block_m}/kv{self.block_n}/s{self.stages}/ws r{self.consumer_regs}/"
                     f"{self.producer_regs}" + ("" if self.shared_ds else "/own-dq")
                     + ("" if self.tiles_first else "/heads-first")
-                    + {0: "", 1: "/rotated", 2: "/rotated-late"}.get(self.rotate, f"/rotate={self.rotate}")
+                    + {0: "", 1: "/rotated", 2: "/rotated-late",
+                       3: "/rotated-ds-first"}.get(self.rotate, f"/rotate={self.rotate}")
                     + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}")
                     + ("/dq-fragments" if self.dq_fragments else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
@@ -110,8 +112,8 @@ class GluonBackwardTiles:
                 return f"{self}: the warp-specialised backward takes q64 or q128, kv128 and 4-warp consumers"
             if self.block_m == 128 and not self.swap_ab:
                 return f"{self}: steps of 128 queries take the swapped consumer (swap_ab)"
-            if self.rotate not in (0, 1, 2):
-                return f"{self}: rotate is 0 (off), 1 or 2 (dQ late)"
+            if self.rotate not in (0, 1, 2, 3):
+                return f"{self}: rotate is 0 (off), 1, 2 (dQ late) or 3 (dS first)"
             if self.rotate and not self.shared_ds:
                 return f"{self}: the rotated steps share dS between the warpgroups"
             if self.swap_ab not in (0, 1, 2):
@@ -136,13 +138,15 @@ class GluonBackwardTiles:
 # memory for a 3-deep ring), dV's product issued once dS is formed; the rotation spills there (720-1364
 # bytes). Both with the dQ workspace in the accumulators' register order (`dq_fragments`: no bank
 # conflicts storing dQ). On one H100: 1.01x cuDNN's backward at the 2025 shape, 0.99x at the 2026 one
-# (1.10x and 1.05x without `dq_fragments`, second in each list), against 1.3-1.5x for the `tl` backward
+# (1.10x and 1.05x without `dq_fragments`, the entry after the rotate=3 one at d 64 and second at d 128),
+# against 1.3-1.5x for the `tl` backward
 # (notes/flash_attention.md, "Warp-specialised backward", "Keys on the MMA rows" and "dQ in register
 # order"). Then the variants measured beside them (at d 64 also steps of 128 queries,
 # FlashAttention-3's d 64 tiles: correct, but 2.8x cuDNN's time, spilling the 128-query S^T and dP^T),
 # and the single-partition kernel (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
     64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=3, dq_fragments=True),  # dS first: not timed yet
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240), GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),

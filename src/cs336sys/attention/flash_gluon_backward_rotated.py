@@ -24,6 +24,11 @@ holds steps i - 1 and i, which leaves the load of step i + 1 to the second half 
 With LATE_DQ (the kernel's ROTATE == 2) only dK_{i-1} is issued beside S_i and dP_i; dQ_{i-1} follows
 once dS_i is computed, and dS_i is stored while it runs: fewer accumulators in flight at once (d 128's
 registers do not hold dK, dV, S, dP and dQ together without spilling).
+
+With DS_FIRST (ROTATE == 3) dS_i is stored before step i - 1 is finished, not after. In the SASS of the
+plain order (Triton 3.6's ptxas) the wait for dK_{i-1} and dQ_{i-1} comes straight after the wait for
+dP_i, so dS_i is computed only once those two products are done; with the store of dS_i before that
+wait, ptxas leaves the wait after it (as the forward's `pin` does), and dS_i is computed under them.
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ def _store_ds(ds, ds_smem, ds_full, ds_free, i, W: gl.constexpr):
 def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
                    sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr):
+                   IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr, DS_FIRST: gl.constexpr = False):
     """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring.
     LATE_DQ: the previous step's dQ is issued only once this step's dS is computed (fewer accumulators
     in flight at once: what d 128's registers allow), and this step's dS is stored under it."""
@@ -163,9 +168,12 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
             dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
                                     qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W)
+            if DS_FIRST:
+                _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
                                   HEAD_DIM, STAGES, 1, W)
-            _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
+            if not DS_FIRST:
+                _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
     return dk, dv
 
@@ -174,7 +182,8 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
 def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
-                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr):
+                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr,
+                           DS_FIRST: gl.constexpr = False):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
     [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
     if t_hi > t_lo:
@@ -188,15 +197,15 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
                                 gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W)
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                 gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
-                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W)
+                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                 empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                 gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W)
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
         last = t_hi - 1 - t_lo
         here = t_hi * runtime_zero
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)

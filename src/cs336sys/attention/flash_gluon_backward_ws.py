@@ -217,7 +217,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                         do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                         t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                        STAGES, IS_CAUSAL, ROTATE == 2, W)
+                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3)
     else:
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
