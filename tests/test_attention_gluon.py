@@ -9,6 +9,7 @@ Hopper GPU: O and L of the forward, dQ, dK, dV of the Gluon backward, and the gr
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 
@@ -155,25 +156,46 @@ def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)
 
 
-def test_backward_compiles_for_hopper():
-    """The backward kernel through Triton's whole sm_90 pipeline (ptxas included) on this machine. Only
-    with the GPU hosts' Triton 3.6 (later Gluon renamed the TMA copies): install it beside the project's
-    with `pip install --no-deps --target DIR triton==3.6.0` and put DIR first on PYTHONPATH."""
-    import triton
-
-    if not triton.__version__.startswith("3.6."):
-        pytest.skip(f"the Gluon kernels are written for Triton 3.6 (the GPU hosts'); this is {triton.__version__}")
+def _compile_check_tool():
+    """tools/gluon_compile_check.py as a module; the test skips unless Triton is the GPU hosts' 3.6 (later
+    Gluon renamed the TMA copies): install it beside the project's with `pip install --no-deps --target
+    DIR triton==3.6.0` and put DIR first on PYTHONPATH."""
     import importlib.util
     import sys
     from pathlib import Path
 
+    import triton
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"the Gluon kernels are written for Triton 3.6 (the GPU hosts'); this is {triton.__version__}")
     path = Path(__file__).resolve().parent.parent / "tools" / "gluon_compile_check.py"
     spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
     tool = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = tool
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_backward_compiles_for_hopper():
+    """The backward kernel through Triton's whole sm_90 pipeline (ptxas included) on this machine."""
+    tool = _compile_check_tool()
     assert tool.main(["--only", "backward", "--d", "64", "--dtypes", "bf16", "--seqs", "300",
                       "--causal", "1"]) == 0
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_pin_keeps_the_forward_softmax_under_the_pv_product(pin, monkeypatch, tmp_path):
+    """In the SASS of Triton 3.6's ptxas, the default forward's PV wait comes before the step's
+    exponentials; with `pin` after them (notes/flash_attention.md, "The forward's PV wait")."""
+    tool = _compile_check_tool()
+    monkeypatch.setitem(flash_gluon.FORWARD_TILES, 64, replace(flash_gluon.FORWARD_TILES[64], pin=pin))
+    assert tool.main(["--only", "forward", "--d", "64", "--dtypes", "bf16", "--seqs", "256", "--causal", "1",
+                      "--sass", "--json", str(tmp_path / "report.json")]) == 0
+    (launch,) = json.loads((tmp_path / "report.json").read_text())
+    assert len(launch["loops"]) == 4  # two consumers, each a loop without masks and one with
+    for loop in launch["loops"]:
+        events = loop.split(": ")[1].split()
+        assert (events.index("MUFUx66") < events.index("wait<=0")) == pin, loop
 
 
 def hopper() -> bool:

@@ -18,6 +18,12 @@ The GPU hosts run Triton 3.6, whose Gluon API differs from later releases (3.9 r
 
 A compile here is not a run: it catches API misuse, type and layout errors, shared memory over the
 limit and spills, not wrong results or hangs (mbarrier phases, missing fences).
+
+With --sass each launch's cubin is disassembled (cuobjdump, shipped with Triton) and every loop that issues
+warpgroup MMAs is summarised in order: `HGMMA` runs, `wait<=N` (WARPGROUP.DEPBAR), `MUFU` runs (the
+exponentials), barriers and mbarrier operations. That is where ptxas's schedule shows, e.g. whether a
+forward step's exponentials come before the PV product's wait (`wait<=0`) or after it (notes/flash_attention.md,
+"The forward's PV wait").
 """
 
 from __future__ import annotations
@@ -50,6 +56,57 @@ def _ptxas_report(ptx: str) -> dict:
         found = re.search(pattern, text)
         facts[key] = int(found.group(1)) if found else None
     return facts
+
+
+_SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+
+
+def _sass(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) of every instruction in the cubin, by cuobjdump."""
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([str(cuobjdump), "-sass", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+    return [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_LINE.match, text.splitlines()) if m]
+
+
+def loop_schedules(cubin: bytes) -> list[str]:
+    """Each loop (a conditional backward branch: the unconditional ones return from ptxas's out-of-line
+    mbarrier retries) that issues warpgroup MMAs and holds no such loop of its own, as its events in
+    order: "HGMMAx4 SYNCSx1 HGMMAx8 wait<=1 MUFUx66 wait<=0 BARx1 SYNCSx1"."""
+    code = _sass(cubin)
+    loops = []
+    for address, ins in code:
+        target = re.search(r"^@!?P\d+ BRA (0x[0-9a-f]+)", ins)
+        if target and int(target.group(1), 16) < address:
+            loops.append((int(target.group(1), 16), address))
+    with_mma = [(lo, hi) for lo, hi in loops if any("HGMMA" in ins for a, ins in code if lo <= a <= hi)]
+    innermost = [(lo, hi) for lo, hi in with_mma
+                 if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in with_mma)]
+    out = []
+    for lo, hi in sorted(set(innermost)):
+        events: list[list] = []
+        for a, ins in code:
+            if not lo <= a <= hi:
+                continue
+            op = ins.split()[1] if ins.startswith("@") else ins.split()[0]
+            if op.startswith("WARPGROUP.DEPBAR"):
+                name = "wait<=" + str(int(ins.rsplit(",", 1)[1].strip(), 16))
+            elif op.split(".")[0] in ("HGMMA", "MUFU", "BAR", "SYNCS"):
+                name = op.split(".")[0]
+            else:
+                continue
+            if events and events[-1][0] == name and not name.startswith("wait"):
+                events[-1][1] += 1
+            else:
+                events.append([name, 1])
+        out.append(f"{(hi - lo) // 16 + 1} instructions: "
+                   + " ".join(name if name.startswith("wait") else f"{name}x{n}" for name, n in events))
+    return out
 
 
 def _catch_launches(opts) -> list:
@@ -119,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                    "integer specialisations)")
     p.add_argument("--causal", default="1,0")
     p.add_argument("--json", type=Path, default=None, help="write the report here too")
+    p.add_argument("--sass", action="store_true", help="summarise each MMA loop of the SASS (see above)")
     opts = p.parse_args(argv)
 
     import triton
@@ -159,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             row |= {"shared": compiled.metadata.shared, "seconds": round(time.time() - start, 1),
                     **_ptxas_report(compiled.asm["ptx"])}
+            if opts.sass:
+                row["loops"] = loop_schedules(compiled.asm["cubin"])
         report.append(row)
         print(json.dumps(row), flush=True)
     print(f"{len(report) - failed} of {len(report)} Gluon launches compiled for sm_90 (Triton {triton.__version__})")
