@@ -98,7 +98,7 @@ def _consumer_tiles(acc, m_i, l_i, p_op, q_smem, k_smem, v_smem, k_bars, v_bars,
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j, seq_k, qk_scale, s_layout, BLOCK_N, MASK,
                                            IS_CAUSAL)
         p_op = _carried_p(p, k_smem.dtype, o_layout, P_LATE)
-        if PIN:  # ptxas keeps the PV wait after this store, so after the softmax that the row sums close
+        if PIN:  # ptxas leaves the PV wait after this store, so after the softmax (the row sums end it)
             pin_smem.store(l_i)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty_bars.index(prev), count=1)
