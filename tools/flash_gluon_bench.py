@@ -151,6 +151,18 @@ def check_backward(tiles: GluonBackwardTiles, d: int) -> float:
     return worst
 
 
+def cudnn_forward(q, k, v):
+    """cuDNN's causal forward as a callable (3-D inputs get a heads axis, as in `cudnn_backward`)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
+
+    def run():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+    return run
+
+
 def cudnn_backward(q, k, v, do):
     """cuDNN's backward alone, as a callable: autograd.grad over one retained causal SDPA graph (3-D
     inputs, the 2025 harness's, get a heads axis: SDPA's fused kernels want 4-D)."""
@@ -235,16 +247,9 @@ def forward_rounds(shape_name: str, q, k, v, variants: dict, rounds: int) -> Non
     """The forward of cuDNN and of each variant (name -> tiles) timed in turn, `rounds` times, after 5 s of
     warm-up: a few-percent difference between variants is then not the order they ran in (the first
     kernel timed on a cool GPU ran 4-6 % faster; notes/flash_attention.md, "The order of measurement")."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
-
-    calls = {"cudnn": cudnn} | {name: (lambda tiles=tiles: flash_attention_gluon_forward(q, k, v, True, tiles))
-                                for name, tiles in variants.items()}
+    calls = {"cudnn": cudnn_forward(q, k, v)}
+    for name, tiles in variants.items():
+        calls[name] = lambda tiles=tiles: flash_attention_gluon_forward(q, k, v, True, tiles)
     end = time.perf_counter() + 5.0
     while time.perf_counter() < end:
         for fn in calls.values():
@@ -285,19 +290,13 @@ def _profile_once(label: str, fn) -> None:
 
 def profile(shape_names: list[str], names: list[str]) -> None:
     """Each variant's forward (and cuDNN's) once warm, then once inside a profiler range."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     for shape_name in shape_names:
         shape = SHAPES[shape_name]
         d = shape[-1]
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for name in names:
             if name == "cudnn":
-                q4, k4, v4 = (t if t.dim() == 4 else t.unsqueeze(1) for t in (q, k, v))
-
-                def fn(q4=q4, k4=k4, v4=v4):
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+                fn = cudnn_forward(q, k, v)
             elif d in VARIANTS[name]:
                 fn = lambda tiles=VARIANTS[name][d], q=q, k=k, v=v: flash_attention_gluon_forward(q, k, v, True, tiles)
             else:
