@@ -63,12 +63,14 @@ class GluonTiles:
 # The forward's tiles by head dimension: the warp-specialised kernel (producer warp, two consumer
 # warpgroups of 64 rows each), 128 keys a tile, as deep a ring as shared memory holds beside Q (4 slots
 # at d 64, 3 at d 128), and the grid's first axis the query tiles, so that the CTAs running together
-# share one head's K and V in L2. On one H100, 2026 shape: 13.8 ms against 14.8 with the heads first
-# (cuDNN 14.2); 2025 shape 1.33 ms (cuDNN 1.26). notes/flash_attention.md, "Warp-specialised backward".
+# share one head's K and V in L2; the PV product's wait kept after the softmax (`pin`) and P cast just
+# before its product (`p_late`). On one H100, cuDNN's forward timed in turn with each, medians of 5
+# rounds: 0.97x cuDNN at the 2025 shape and 0.93x at the 2026 one, against 1.06x and 0.96x without the
+# two options (notes/flash_attention.md, "The forward's PV wait, P's cast and two CTAs an SM").
 FORWARD_TILES = {
-    64: GluonTiles(128, 128, 4, 4, True, consumer_regs=240, tiles_first=True),
+    64: GluonTiles(128, 128, 4, 4, True, consumer_regs=240, tiles_first=True, p_late=True, pin=True),
     # Q 32 KiB + 3 x 64 KiB of K, V: 229.7 KB
-    128: GluonTiles(128, 128, 3, 4, True, consumer_regs=240, tiles_first=True),
+    128: GluonTiles(128, 128, 3, 4, True, consumer_regs=240, tiles_first=True, p_late=True, pin=True),
 }
 
 
@@ -146,7 +148,7 @@ class GluonBackwardTiles:
 # and the single-partition kernel (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
     64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True),
-         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=3, dq_fragments=True),  # dS first: not timed yet
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=3, dq_fragments=True),  # dS first: 1.07x, slower
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240), GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240),
