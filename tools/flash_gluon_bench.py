@@ -75,8 +75,8 @@ VARIANTS = {  # name -> tiles per head dim
     # ws_tiles_first_deep with one schedule option or more (GluonTiles; notes/flash_attention.md, "The
     # forward's PV wait"): P cast just before its product, the consumers taking turns, the PV wait kept
     # after the softmax; ws_pin_p_late is the default
-    **{"ws_" + "_".join(options): {d: dataclasses.replace(t, p_late=False, pingpong=False, pin=False,
-                                                          **dict.fromkeys(options, True))
+    **{"ws_" + "_".join(options): {d: dataclasses.replace(
+        t, **dict.fromkeys(("p_late", "pingpong", "pin"), False) | dict.fromkeys(options, True))
                                    for d, t in FORWARD_TILES.items()}
        for options in (("p_late",), ("pingpong",), ("pin",), ("pin", "p_late"), ("pin", "pingpong"),
                        ("pin", "pingpong", "p_late"))},
