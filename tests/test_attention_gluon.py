@@ -152,6 +152,7 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 128, 2, 8, consumer_regs=240), "warp-specialised backward takes q64 or q128, kv128"),
     (GluonBackwardTiles(128, 128, 2, 4, consumer_regs=240), "steps of 128 queries take the swapped consumer"),
     (GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False, rotate=1), "share dS"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, rotate=5), "rotate is 0 (off), 1, 2"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=3), "swap_ab is 0 (off), 1 or 2"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, rotate=1), "are not rotated"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1, shared_ds=False), "are not rotated"),
@@ -382,20 +383,23 @@ def test_dq_in_register_order_matches_float64(lead, seq_q, seq_k, causal, d, fre
         assert all(e < TOLERANCE[torch.bfloat16] for e in errors.values()), (str(tiles), errors)
 
 
+@pytest.mark.parametrize("rotate", [3, 4])
 @pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 2), 512, 512, True), ((2,), 320, 200, True),
                                                      ((2,), 192, 448, False)])
 @on_hopper
-def test_ds_first_gives_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, fresh_seed):
-    # rotate=3 stores dS before finishing the previous step: the same products in the same order per key
-    # tile, so dK and dV are the plain rotation's to the bit (dQ is summed across CTAs in no fixed order)
+def test_rotation_variants_give_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, rotate, fresh_seed):
+    # rotate=3 stores dS before finishing the previous step, rotate=4 loads L and D a step ahead: the
+    # same products in the same order per key tile, so dK and dV are the plain rotation's to the bit (dQ
+    # is summed across CTAs in no fixed order)
     q, k, v = (torch.randn(*lead, n, 64, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
     grad_out = torch.randn_like(q)
     out, lse = flash_attention_gluon_forward(q, k, v, causal)
     plain = GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True)
     dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, plain)
-    dq3, dk3, dv3 = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, replace(plain, rotate=3))
-    assert torch.equal(dk3, dk) and torch.equal(dv3, dv)
-    assert rel_err(dq3, dq) < 1e-2
+    dq_r, dk_r, dv_r = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal,
+                                                      replace(plain, rotate=rotate))
+    assert torch.equal(dk_r, dk) and torch.equal(dv_r, dv)
+    assert rel_err(dq_r, dq) < 1e-2
 
 
 @on_hopper

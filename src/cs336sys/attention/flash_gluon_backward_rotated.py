@@ -29,6 +29,11 @@ With DS_FIRST (ROTATE == 3) dS_i is stored before step i - 1 is finished, not af
 plain order (Triton 3.6's ptxas) the wait for dK_{i-1} and dQ_{i-1} comes straight after the wait for
 dP_i, so dS_i is computed only once those two products are done; with the store of dS_i before that
 wait, ptxas leaves the wait after it (as the forward's `pin` does), and dS_i is computed under them.
+
+With AHEAD (ROTATE == 4) the plain rotation loads each step's L and D (4 floats a thread) at the end of
+the step before, after its last fence, instead of in the step itself. Nsight Compute's stall samples of
+the plain rotation show the consumers waiting on those global loads: at the exponentials (L) and at the
+`fence.proxy.async` after P's store (D), since the fence waits for the thread's loads in flight.
 """
 
 from __future__ import annotations
@@ -92,16 +97,30 @@ def _issue_previous_dq(k_smem, ds_smem, i, here, HEAD_DIM: gl.constexpr, W: gl.c
 
 
 @gluon.jit
+def _statistics_ahead(LSE, DELTA, q_row0, t, seq_q):
+    """Query tile t's base-2 L and D (rows past seq_q as 0: t may be one past the last tile)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    return row_statistics(LSE, DELTA, q_row0, rows, seq_q, True)
+
+
+@gluon.jit
 def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k, qk_scale, sm_scale,
                    here, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EXTRA: gl.constexpr,
-                   W: gl.constexpr):
+                   W: gl.constexpr, lse2_ahead=None, delta_ahead=None):
     """P from S (to shared memory), dV += P^T dO issued, dS from dP: (dV in flight, dS). EXTRA: products
-    issued between dP and dV (the previous step's dK and dQ)."""
+    issued between dP and dV (the previous step's dK and dQ). L and D loaded here, or given (loaded
+    a step ahead)."""
     dtype: gl.constexpr = do_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
+    if lse2_ahead is None:
+        lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
+    else:
+        lse2 = lse2_ahead
+        delta = delta_ahead
     s = warpgroup_mma_wait(num_outstanding=1 + EXTRA, deps=(s,))
     p = probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK, IS_CAUSAL)
     p_w = p_smem.index(W + here)
@@ -147,10 +166,13 @@ def _store_ds(ds, ds_smem, ds_full, ds_free, i, W: gl.constexpr):
 def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
                    sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr, DS_FIRST: gl.constexpr = False):
+                   IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr, DS_FIRST: gl.constexpr = False,
+                   AHEAD: gl.constexpr = False, lse2=None, delta=None):
     """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring.
     LATE_DQ: the previous step's dQ is issued only once this step's dS is computed (fewer accumulators
-    in flight at once: what d 128's registers allow), and this step's dS is stored under it."""
+    in flight at once: what d 128's registers allow), and this step's dS is stored under it. With
+    lse2 and delta (tile t_from's L and D, loaded ahead), each step loads the next one's at its end and
+    the last one's are returned (else None)."""
     for t in range(t_from, t_to):
         i = t - t_lo
         here = t * runtime_zero
@@ -167,15 +189,20 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
         else:
             dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
-                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W)
+                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W, lse2, delta)
             if DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
                                   HEAD_DIM, STAGES, 1, W)
             if not DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
+            if AHEAD:  # the next step's L and D, after this step's last fence
+                lse2, delta = _statistics_ahead(LSE, DELTA, q_row0, t + 1, seq_q)
             dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
-    return dk, dv
+    if AHEAD:
+        return dk, dv, lse2, delta
+    else:
+        return dk, dv
 
 
 @gluon.jit
@@ -183,7 +210,7 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr,
-                           DS_FIRST: gl.constexpr = False):
+                           DS_FIRST: gl.constexpr = False, AHEAD: gl.constexpr = False):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
     [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
     if t_hi > t_lo:
@@ -192,20 +219,39 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
         dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t_lo, 0, seq_q, seq_k,
                                 qk_scale, sm_scale, here, STAGES, True, IS_CAUSAL, 0, W)
         _store_ds(ds, ds_smem, ds_full, ds_free, 0, W)
-        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
         first = t_lo + 1
-        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
-                                empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
-                                gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
-        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
-                                empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
-                                gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
-                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
-        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
-                                empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
-                                gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
+        if AHEAD:
+            lse2, delta = _statistics_ahead(LSE, DELTA, q_row0, first, seq_q)
+        dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+        if AHEAD:
+            dk, dv, lse2, delta = _rotated_steps(
+                dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first, gl.maximum(t_diag, first), t_lo, seq_q,
+                seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                True, lse2, delta)
+            dk, dv, lse2, delta = _rotated_steps(
+                dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, gl.maximum(t_diag, first),
+                gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES,
+                False, IS_CAUSAL, LATE_DQ, W, DS_FIRST, True, lse2, delta)
+            dk, dv, lse2, delta = _rotated_steps(
+                dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
+                ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, gl.maximum(t_free, first), t_hi, t_lo, seq_q,
+                seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                True, lse2, delta)
+        else:
+            dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                    do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
+                                    gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
+                                    HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
+            dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                    do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
+                                    gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
+                                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
+            dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                    do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
+                                    gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale,
+                                    runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
         last = t_hi - 1 - t_lo
         here = t_hi * runtime_zero
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)

@@ -25,7 +25,8 @@ Masking, L and D, the 2-D TMA views and the fp32 dQ workspace are those of `flas
 
 Triton 3.6's Gluon has no Python wrapper for the TMA reduction its builder offers, so
 `flash_gluon_backward_common.tma_reduce_add` calls the builder directly. `ROTATE` selects the consumer
-of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step), `SWAP_AB` that
+of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step; 2, 3 and 4 its
+variants), `SWAP_AB` that
 of `flash_gluon_backward_swapped` (keys on the MMA rows: P and dS^T stay in registers for dV and dK).
 """
 
@@ -217,7 +218,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                         do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                         t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3)
+                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, ROTATE == 4)
     else:
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
