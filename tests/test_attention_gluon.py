@@ -156,9 +156,27 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=3), "swap_ab is 0 (off), 1 or 2"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, rotate=1), "are not rotated"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1, shared_ds=False), "are not rotated"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, stats_smem=True), "take the rotated steps"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, rotate=4, stats_smem=True), "take the rotated steps"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, stats_smem=True), "take the rotated steps"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, rotate=1, stats_smem=True), "in fragment order"),
+    (GluonBackwardTiles(64, 128, 2, 4, stats_smem=True), "take the warp-specialised kernel"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)
+
+
+def test_aligned_rows_gives_tma_ready_rows_of_the_same_values():
+    """L and D's TMA views need rows at 16-byte aligned addresses: a ragged row length or a view off an
+    aligned start is copied (zeros after each row), an aligned tensor is taken as it is."""
+    from cs336sys.attention.flash_gluon_backward_ws import _aligned_rows
+
+    aligned = torch.randn(3, 64)
+    assert _aligned_rows(aligned) is aligned
+    for rows in (torch.randn(3, 257), torch.randn(3 * 64 + 1)[1:].view(3, 64)):
+        ready = _aligned_rows(rows)
+        assert ready.stride(0) % 4 == 0 and ready.data_ptr() % 16 == 0
+        assert torch.equal(ready[:, :rows.shape[1]], rows) and not ready[:, rows.shape[1]:].any()
 
 
 def test_bench_forward_variants_name_their_options(monkeypatch):
@@ -383,21 +401,25 @@ def test_dq_in_register_order_matches_float64(lead, seq_q, seq_k, causal, d, fre
         assert all(e < TOLERANCE[torch.bfloat16] for e in errors.values()), (str(tiles), errors)
 
 
-@pytest.mark.parametrize("rotate", [3, 4])
+@pytest.mark.parametrize("option", [{"rotate": 3}, {"rotate": 4}, {"stats_smem": True}],
+                         ids=["ds_first", "stats_ahead", "stats_smem"])
 @pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 2), 512, 512, True), ((2,), 320, 200, True),
-                                                     ((2,), 192, 448, False)])
+                                                     ((2,), 192, 448, False), ((3,), 208, 336, True),
+                                                     ((3,), 257, 300, True)])
 @on_hopper
-def test_rotation_variants_give_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, rotate, fresh_seed):
-    # rotate=3 stores dS before finishing the previous step, rotate=4 loads L and D a step ahead: the
-    # same products in the same order per key tile, so dK and dV are the plain rotation's to the bit (dQ
-    # is summed across CTAs in no fixed order)
+def test_rotation_variants_give_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, option, fresh_seed):
+    # rotate=3 stores dS before finishing the previous step, rotate=4 loads L and D a step ahead,
+    # stats_smem has the producer load L and D into the ring (where seq_q is a multiple of 64; else, 208
+    # and 257 here, the launcher loads them as the plain rotation does):
+    # the same products in the same order per key tile, so dK and dV are the plain rotation's to the
+    # bit (dQ is summed across CTAs in no fixed order)
     q, k, v = (torch.randn(*lead, n, 64, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
     grad_out = torch.randn_like(q)
     out, lse = flash_attention_gluon_forward(q, k, v, causal)
     plain = GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True)
     dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, plain)
     dq_r, dk_r, dv_r = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal,
-                                                      replace(plain, rotate=rotate))
+                                                      replace(plain, **option))
     assert torch.equal(dk_r, dk) and torch.equal(dv_r, dv)
     assert rel_err(dq_r, dq) < 1e-2
 

@@ -95,6 +95,9 @@ class GluonBackwardTiles:
     # dV's product issued before dS is formed (1) or after it (2)
     dq_fragments: bool = False  # warp-specialised: the dQ workspace in the accumulators' register order
     # (`flash_gluon_backward_common.add_dq`; where seq_q is a multiple of 64)
+    stats_smem: bool = False  # warp-specialised, rotated: each step's L and D loaded by the producer (TMA)
+    # into the ring with Q and dO, read by the consumers from shared memory (with dq_fragments, where
+    # seq_q is a multiple of 64: `flash_gluon_backward_ws.flash_backward_gluon_ws`)
 
     def __str__(self) -> str:
         if self.consumer_regs:
@@ -104,7 +107,7 @@ class GluonBackwardTiles:
                     + {0: "", 1: "/rotated", 2: "/rotated-late",
                        3: "/rotated-ds-first", 4: "/rotated-stats-ahead"}.get(self.rotate, f"/rotate={self.rotate}")
                     + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}")
-                    + ("/dq-fragments" if self.dq_fragments else ""))
+                    + ("/dq-fragments" if self.dq_fragments else "") + ("/stats-smem" if self.stats_smem else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
@@ -122,7 +125,13 @@ class GluonBackwardTiles:
                 return f"{self}: swap_ab is 0 (off), 1 or 2 (dV late)"
             if self.swap_ab and (self.rotate or not self.shared_ds):
                 return f"{self}: the swapped steps share dS between the warpgroups and are not rotated"
+            if self.stats_smem and self.rotate not in (1, 2, 3):
+                return f"{self}: L and D in the ring take the rotated steps (rotate 1, 2 or 3)"
+            if self.stats_smem and not self.dq_fragments:
+                return f"{self}: L and D in the ring take the dQ workspace in fragment order (dq_fragments)"
             return None
+        if self.stats_smem:
+            return f"{self}: L and D in the ring take the warp-specialised kernel"
         if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
             return f"{self}: whole warpgroups, 16 keys per warp"
         if self.block_m != 64:  # one warpgroup MMA high; keys, a multiple of 64, line up on the diagonal
@@ -135,19 +144,23 @@ class GluonBackwardTiles:
 # The backward's tiles by head dimension (first: the default): the warp-specialised kernel
 # (`flash_gluon_backward_ws`: a producer warp, two consumer warpgroups of 64 keys each, dQ by TMA
 # reduce-add), grid key tiles first. At d 64 a 4-deep Q/dO ring and each step's dK and dQ products
-# issued in the next step (`flash_gluon_backward_rotated`). At d 128 the keys on the MMA rows
+# issued in the next step (`flash_gluon_backward_rotated`), with each step's L and D loaded by the
+# producer into the ring (`stats_smem`; 0.97-0.98x cuDNN's backward at the 2025 shape on one H100,
+# against 1.05x for the entry after it, which loads them in the consumers). At d 128 the keys on the MMA rows
 # (`flash_gluon_backward_swapped`: P and dS^T stay in registers for dV and dK, which frees the shared
 # memory for a 3-deep ring), dV's product issued once dS is formed; the rotation spills there (720-1364
 # bytes). Both with the dQ workspace in the accumulators' register order (`dq_fragments`: no bank
-# conflicts storing dQ). On one H100: 1.01x cuDNN's backward at the 2025 shape, 0.99x at the 2026 one
-# (1.10x and 1.05x without `dq_fragments`, the entry after the rotate=3 one at d 64 and second at d 128),
+# conflicts storing dQ). On one H100, before `stats_smem`: 1.01x cuDNN's backward at the 2025 shape, 0.99x
+# at the 2026 one (1.10x and 1.05x without `dq_fragments`, the entry after the rotate=3 one at d 64 and
+# second at d 128),
 # against 1.3-1.5x for the `tl` backward
 # (notes/flash_attention.md, "Warp-specialised backward", "Keys on the MMA rows" and "dQ in register
 # order"). Then the variants measured beside them (at d 64 also steps of 128 queries,
 # FlashAttention-3's d 64 tiles: correct, but 2.8x cuDNN's time, spilling the 128-query S^T and dP^T),
 # and the single-partition kernel (`flash_gluon_backward`) with its tiles.
 BACKWARD_VARIANTS = {
-    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True),
+    64: [GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=3, dq_fragments=True),  # dS first: 1.07x, slower
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2),
@@ -314,7 +327,7 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
                                                      tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
                                                      tiles.tiles_first, tiles.rotate, tiles.swap_ab, tiles.block_m,
-                                                     tiles.dq_fragments)
+                                                     tiles.dq_fragments, tiles.stats_smem)
     else:
         dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
                                                   tiles.block_n, tiles.stages, tiles.num_warps)

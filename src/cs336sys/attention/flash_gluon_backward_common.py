@@ -111,6 +111,14 @@ def row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK: gl.constexpr):
 
 
 @gluon.jit
+def staged_rows(stats_smem, slot, layout: gl.constexpr):
+    """A query tile's L or D from ring slot `slot` of a shared buffer ([STAGES, 1, rows]) the producer
+    fills by TMA (rows past seq_q hold TMA's zeros)."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    return stats_smem.index(slot)._reinterpret(gl.float32, [stats_smem.type.shape[2]], flat).load(layout)
+
+
+@gluon.jit
 def probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """P = exp2(S * scale * log2 e - L * log2 e), set to 0 where MASK says a query row is past seq_q, a key
     past seq_k or (causal) the key after the query."""

@@ -34,6 +34,10 @@ With AHEAD (ROTATE == 4) the plain rotation loads each step's L and D (4 floats 
 the step before, after its last fence, instead of in the step itself. Nsight Compute's stall samples of
 the plain rotation show the consumers waiting on those global loads: at the exponentials (L) and at the
 `fence.proxy.async` after P's store (D), since the fence waits for the thread's loads in flight.
+
+With STATS_SMEM the producer loads each step's L and D by TMA into the ring, on the barriers of Q and
+dO, and the consumers read them from shared memory (L before S's wait, D after dP's), as cuDNN and
+FlashAttention-3 do: no global load is left in a consumer's step for a fence to wait on.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from cs336sys.attention.flash_gluon_backward_common import (
     add_dq,
     probabilities,
     row_statistics,
+    staged_rows,
 )
 
 
@@ -108,15 +113,18 @@ def _statistics_ahead(LSE, DELTA, q_row0, t, seq_q):
 @gluon.jit
 def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k, qk_scale, sm_scale,
                    here, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EXTRA: gl.constexpr,
-                   W: gl.constexpr, lse2_ahead=None, delta_ahead=None):
+                   W: gl.constexpr, lse2_ahead=None, delta_ahead=None, STATS_SMEM: gl.constexpr = False):
     """P from S (to shared memory), dV += P^T dO issued, dS from dP: (dV in flight, dS). EXTRA: products
-    issued between dP and dV (the previous step's dK and dQ). L and D loaded here, or given (loaded
+    issued between dP and dV (the previous step's dK and dQ). L and D loaded here (from LSE and DELTA,
+    or with STATS_SMEM from ring slot i % STAGES of the shared buffers LSE and DELTA), or given (loaded
     a step ahead)."""
     dtype: gl.constexpr = do_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    if lse2_ahead is None:
+    if STATS_SMEM:  # D read once dP is done, below
+        lse2 = staged_rows(LSE, i % STAGES, gl.SliceLayout(1, s_layout)) * 1.4426950408889634
+    elif lse2_ahead is None:
         lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
     else:
         lse2 = lse2_ahead
@@ -129,6 +137,8 @@ def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, s
     gl.thread_barrier()  # this warpgroup's P is in place before its MMA reads it
     dv = warpgroup_mma(p_w.permute((1, 0)), do_smem.index(i % STAGES), dv, is_async=True)
     dp = warpgroup_mma_wait(num_outstanding=EXTRA + 1, deps=(dp,))
+    if STATS_SMEM:
+        delta = staged_rows(DELTA, i % STAGES, gl.SliceLayout(1, s_layout))
     ds = p * (dp - gl.expand_dims(delta, 1)) * sm_scale
     return dv, ds
 
@@ -167,7 +177,7 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
                    sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
                    IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr, DS_FIRST: gl.constexpr = False,
-                   AHEAD: gl.constexpr = False, lse2=None, delta=None):
+                   AHEAD: gl.constexpr = False, lse2=None, delta=None, STATS_SMEM: gl.constexpr = False):
     """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring.
     LATE_DQ: the previous step's dQ is issued only once this step's dS is computed (fewer accumulators
     in flight at once: what d 128's registers allow), and this step's dS is stored under it. With
@@ -180,7 +190,8 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, i - 1, STAGES, W)
         if LATE_DQ:
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
-                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 1, W)
+                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 1, W,
+                                    STATS_SMEM=STATS_SMEM)
             dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
             _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
@@ -189,7 +200,8 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
         else:
             dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
-                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W, lse2, delta)
+                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W, lse2, delta,
+                                    STATS_SMEM)
             if DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
@@ -210,14 +222,15 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr,
-                           DS_FIRST: gl.constexpr = False, AHEAD: gl.constexpr = False):
+                           DS_FIRST: gl.constexpr = False, AHEAD: gl.constexpr = False,
+                           STATS_SMEM: gl.constexpr = False):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
     [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
     if t_hi > t_lo:
         here = t_lo * runtime_zero
         s, dp = _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, 0, here, STAGES, W)
         dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t_lo, 0, seq_q, seq_k,
-                                qk_scale, sm_scale, here, STAGES, True, IS_CAUSAL, 0, W)
+                                qk_scale, sm_scale, here, STAGES, True, IS_CAUSAL, 0, W, STATS_SMEM=STATS_SMEM)
         _store_ds(ds, ds_smem, ds_full, ds_free, 0, W)
         first = t_lo + 1
         if AHEAD:
@@ -243,15 +256,18 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
             dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                     do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
                                     gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                    HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
+                                    HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                                    STATS_SMEM=STATS_SMEM)
             dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                     do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                     gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
-                                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
+                                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                                    STATS_SMEM=STATS_SMEM)
             dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                     do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                     gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale,
-                                    runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST)
+                                    runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                                    STATS_SMEM=STATS_SMEM)
         last = t_hi - 1 - t_lo
         here = t_hi * runtime_zero
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)

@@ -3,7 +3,8 @@
 One CTA owns 128 keys of one batch*head (K and V in shared memory as two 64-key halves) and visits
 the query tiles (64 rows; BLOCK_M 128 with the swapped consumer) that can see them. Three partitions:
 - a producer warp with few registers loads K and V once, then streams each step's Q and dO tiles
-  through a ring of STAGES slots by TMA, refilling a slot once both consumers have released it;
+  (with STATS_SMEM also its rows of L and D) through a ring of STAGES slots by TMA, refilling a slot
+  once both consumers have released it;
 - two consumer warpgroups, one per 64-key half, with most of the registers. Each runs, per query
   tile, the five products of `flash_gluon_backward` on its own keys:
     S_w  = Q K_w^T, dP_w = dO V_w^T  (64 queries x 64 keys; dP issued before the exponentials)
@@ -57,7 +58,10 @@ from cs336sys.attention.flash_gluon_backward_swapped import swapped_consumer_ste
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
-              empty_bars, kv_row0, q_row0, n0, t_lo, n_steps, STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+              empty_bars, kv_row0, q_row0, n0, t_lo, n_steps, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+              bh=None, lse_desc=None, delta_desc=None, lse_smem=None, delta_smem=None):
+    """K and V once, then each step's Q and dO tiles (with lse_desc, also its L on Q's barrier and its
+    D on dO's: BLOCK_M rows of head bh from the (batch*heads, seq_q) views into the slot's buffers)."""
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(k_desc, [kv_row0 + n0 + w * KEYS, 0], kv_bar, k_smem.index(w))
@@ -67,10 +71,20 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, 
         # Step i reuses the slot of step i - STAGES: wait until both consumers have released it.
         mbarrier.wait(empty_bars.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
         row = q_row0 + (t_lo + i) * BLOCK_M
-        mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
-        mbarrier.expect(do_bars.index(slot), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, 0], do_bars.index(slot), do_smem.index(slot))
+        if lse_desc is None:
+            mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
+            mbarrier.expect(do_bars.index(slot), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [row, 0], do_bars.index(slot), do_smem.index(slot))
+        else:
+            mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
+            tma.async_copy_global_to_shared(lse_desc, [bh, (t_lo + i) * BLOCK_M], q_bars.index(slot),
+                                            lse_smem.index(slot))
+            mbarrier.expect(do_bars.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [row, 0], do_bars.index(slot), do_smem.index(slot))
+            tma.async_copy_global_to_shared(delta_desc, [bh, (t_lo + i) * BLOCK_M], do_bars.index(slot),
+                                            delta_smem.index(slot))
 
 
 @gluon.jit
@@ -198,7 +212,9 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
               ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
               qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr,
-              W: gl.constexpr):
+              W: gl.constexpr, STATS_SMEM: gl.constexpr = False):
+    """This warpgroup's dK and dV (dQ halves to the workspace). LSE and DELTA: pointers, or with
+    STATS_SMEM the shared buffers the producer fills."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -218,7 +234,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                         do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                         t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, ROTATE == 4)
+                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, ROTATE == 4, STATS_SMEM)
     else:
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
@@ -234,16 +250,21 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
                                    qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                    IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                    CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr, ROTATE: gl.constexpr,
-                                   SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
+                                   SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr,
+                                   STATS_SMEM: gl.constexpr = False):
     """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
     zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
     HEAD_DIM without SHARED_DS, or with BLOCK_M 128, where each warpgroup adds 64 rows of dQ), or, not
     swizzled, the same workspace in fragment order (`flash_gluon_backward_common.add_dq`): a
-    (batch*heads*seq_q*HEAD_DIM/64, 64) view in blocks of (those columns) x 64."""
+    (batch*heads*seq_q*HEAD_DIM/64, 64) view in blocks of (those columns) x 64. LSE and DELTA: pointers
+    to the (batch*heads*seq_q) L and D, or with STATS_SMEM TMA descriptors of (batch*heads, seq_q)
+    views of them in blocks of 1 x BLOCK_M (the producer loads each step's rows into the ring beside Q
+    and dO; rows past seq_q read as 0)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
     gl.static_assert(not (SWAP_AB and (ROTATE or not SHARED_DS)), "the swapped steps share dS and are not rotated")
     gl.static_assert((BLOCK_M == 64) or (SWAP_AB != 0), "steps of 128 queries take the swapped consumer")
+    gl.static_assert(not STATS_SMEM or (ROTATE != 0 and ROTATE != 4), "L and D in the ring: rotate 1, 2 or 3")
     BLOCK_N: gl.constexpr = 2 * KEYS
     N_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
     bh = gl.program_id(1 - N_AXIS)
@@ -282,27 +303,55 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
 
     t_lo, t_diag, t_free, t_hi = query_tile_range(n0, seq_q, seq_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
 
+    if STATS_SMEM:  # the consumers read L and D from the ring, the producer loads them (descriptors)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], DELTA.layout)
+        lse_in = lse_smem
+        delta_in = delta_smem
+        loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars, empty_bars,
+                 bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M, bh, LSE, DELTA, lse_smem,
+                 delta_smem)
+    else:
+        lse_in = LSE
+        delta_in = DELTA
+        loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars, empty_bars,
+                 bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
-                     ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
-                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M,
-                     0)),
-        (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
-                     empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)),
+                     ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q,
+                     seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB,
+                     BLOCK_M, 0, STATS_SMEM)),
+        (_producer, loads),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
-                     ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
-                     qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M,
-                     1)),
+                     ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q,
+                     seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB,
+                     BLOCK_M, 1, STATS_SMEM)),
     ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
+
+
+def _aligned_rows(rows):
+    """`rows` (a 2-D fp32 tensor), or a copy whose rows start at 16-byte aligned addresses, as a TMA
+    descriptor's rows must (a row's length padded to a multiple of 4 floats)."""
+    import torch
+
+    if rows.stride(0) % 4 == 0 and rows.stride(1) == 1 and rows.data_ptr() % 16 == 0:
+        return rows
+    padded = torch.zeros(rows.shape[0], -(-rows.shape[1] // 4) * 4, dtype=rows.dtype, device=rows.device)
+    padded[:, :rows.shape[1]] = rows
+    return padded
 
 
 def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
                             consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
-                            rotate: int = 0, swap_ab: int = 0, block_m: int = 64, dq_fragments: bool = False):
+                            rotate: int = 0, swap_ab: int = 0, block_m: int = 64, dq_fragments: bool = False,
+                            stats_smem: bool = False):
     """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
     (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle.
     `dq_fragments`: the dQ workspace in the accumulators' register order, where seq_q is a multiple of 64
-    (else row-major)."""
+    (else row-major). `stats_smem`: L and D loaded by the producer (TMA) into the ring with Q and dO,
+    where the dQ workspace is in fragment order (else each consumer loads them from global memory: with
+    the row-major workspace's stores, ptxas serialises the causal kernel's products, "insufficient
+    register resources for the wgmma pipeline", Triton 3.6)."""
     import math
 
     import torch
@@ -329,17 +378,25 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
     key_tiles = math.ceil(seq_k / (2 * KEYS.value))
     dq_cols = d // 2 if shared_ds and block_m == ROWS.value else d  # each warpgroup's dQ tile: 64 rows x dq_cols
     fragments = dq_fragments and seq_q % ROWS.value == 0
+    stats_smem = stats_smem and fragments
     if fragments:
         dq_view = TensorDescriptor(dq_acc.view(-1, 64), [bh * seq_q * d // 64, 64], [64, 1], [dq_cols, 64],
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
     else:
         dq_view = descriptor(dq_acc, seq_q, [ROWS.value, dq_cols], gl.float32)
+    if stats_smem:  # (batch*heads, seq_q) views, rows 16-byte aligned (TMA): copies where they are not
+        row_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        lse_at, delta_at = (TensorDescriptor(t, [bh, seq_q], [t.stride(0), 1], [1, block_m], row_layout)
+                            for t in (_aligned_rows(lse.view(bh, seq_q)), _aligned_rows(delta.view(bh, seq_q))))
+    else:
+        lse_at, delta_at = lse, delta
     handle = flash_backward_gluon_ws_kernel[(key_tiles, bh) if tiles_first else (bh, key_tiles)](
         descriptor(q, seq_q, [block_m, d], element), descriptor(k, seq_k, [KEYS.value, d], element),
         descriptor(v, seq_k, [KEYS.value, d], element), descriptor(grad_out, seq_q, [block_m, d], element),
-        dq_view, dk, dv, lse, delta, seq_q, seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages,
+        dq_view, dk, dv, lse_at, delta_at, seq_q, seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages,
         IS_CAUSAL=is_causal, SHARED_DS=shared_ds, PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs,
-        TILES_FIRST=tiles_first, ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4)
+        TILES_FIRST=tiles_first, ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4,
+        STATS_SMEM=stats_smem)
     if fragments:
         dq = torch.empty_like(q)
         dq_from_fragments_kernel[(bh * seq_q // ROWS.value, d // dq_cols)](dq_acc, dq, HEAD_DIM=d, COLS=dq_cols)
