@@ -105,7 +105,7 @@ class GluonBackwardTiles:
                     f"{self.producer_regs}" + ("" if self.shared_ds else "/own-dq")
                     + ("" if self.tiles_first else "/heads-first")
                     + {0: "", 1: "/rotated", 2: "/rotated-late",
-                       3: "/rotated-ds-first", 4: "/rotated-stats-ahead"}.get(self.rotate, f"/rotate={self.rotate}")
+                       3: "/rotated-ds-first"}.get(self.rotate, f"/rotate={self.rotate}")
                     + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}")
                     + ("/dq-fragments" if self.dq_fragments else "") + ("/stats-smem" if self.stats_smem else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
@@ -117,8 +117,8 @@ class GluonBackwardTiles:
                 return f"{self}: the warp-specialised backward takes q64 or q128, kv128 and 4-warp consumers"
             if self.block_m == 128 and not self.swap_ab:
                 return f"{self}: steps of 128 queries take the swapped consumer (swap_ab)"
-            if self.rotate not in (0, 1, 2, 3, 4):
-                return f"{self}: rotate is 0 (off), 1, 2 (dQ late), 3 (dS first) or 4 (L and D a step ahead)"
+            if self.rotate not in (0, 1, 2, 3):
+                return f"{self}: rotate is 0 (off), 1, 2 (dQ late) or 3 (dS first)"
             if self.rotate and not self.shared_ds:
                 return f"{self}: the rotated steps share dS between the warpgroups"
             if self.swap_ab not in (0, 1, 2):
@@ -170,9 +170,7 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
          GluonBackwardTiles(128, 128, 3, 4, consumer_regs=240, swap_ab=2),  # FlashAttention-3's d 64 tiles: spills
-         GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
-         # L and D a step ahead: 1.07x, slower (the stall moves with the loads)
-         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=4, dq_fragments=True)],
+         GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
     128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=2),

@@ -30,10 +30,9 @@ plain order (Triton 3.6's ptxas) the wait for dK_{i-1} and dQ_{i-1} comes straig
 dP_i, so dS_i is computed only once those two products are done; with the store of dS_i before that
 wait, ptxas leaves the wait after it (as the forward's `pin` does), and dS_i is computed under them.
 
-With AHEAD (ROTATE == 4) the plain rotation loads each step's L and D (4 floats a thread) at the end of
-the step before, after its last fence, instead of in the step itself. Nsight Compute's stall samples of
-the plain rotation show the consumers waiting on those global loads: at the exponentials (L) and at the
-`fence.proxy.async` after P's store (D), since the fence waits for the thread's loads in flight.
+Loading L and D a step ahead in the consumers instead (after a step's last fence) was measured slower
+(2.5 %: ptxas scales L right after its load, so the wait only moved; notes/flash_attention.md) and
+removed; STATS_SMEM is what took those loads off the consumers' steps.
 
 With STATS_SMEM the producer loads each step's L and D by TMA into the ring, on the barriers of Q and
 dO, and the consumers read them from shared memory (L before S's wait, D after dP's), as cuDNN and
@@ -102,33 +101,20 @@ def _issue_previous_dq(k_smem, ds_smem, i, here, HEAD_DIM: gl.constexpr, W: gl.c
 
 
 @gluon.jit
-def _statistics_ahead(LSE, DELTA, q_row0, t, seq_q):
-    """Query tile t's base-2 L and D (rows past seq_q as 0: t may be one past the last tile)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, KEYS, 16])
-    rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    return row_statistics(LSE, DELTA, q_row0, rows, seq_q, True)
-
-
-@gluon.jit
 def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k, qk_scale, sm_scale,
                    here, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EXTRA: gl.constexpr,
-                   W: gl.constexpr, lse2_ahead=None, delta_ahead=None, STATS_SMEM: gl.constexpr = False):
+                   W: gl.constexpr, STATS_SMEM: gl.constexpr = False):
     """P from S (to shared memory), dV += P^T dO issued, dS from dP: (dV in flight, dS). EXTRA: products
-    issued between dP and dV (the previous step's dK and dQ). L and D loaded here (from LSE and DELTA,
-    or with STATS_SMEM from ring slot i % STAGES of the shared buffers LSE and DELTA), or given (loaded
-    a step ahead)."""
+    issued between dP and dV (the previous step's dK and dQ). L and D from LSE and DELTA, or with
+    STATS_SMEM from ring slot i % STAGES of the shared buffers LSE and DELTA."""
     dtype: gl.constexpr = do_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     if STATS_SMEM:  # D read once dP is done, below
         lse2 = staged_rows(LSE, i % STAGES, gl.SliceLayout(1, s_layout)) * 1.4426950408889634
-    elif lse2_ahead is None:
-        lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
     else:
-        lse2 = lse2_ahead
-        delta = delta_ahead
+        lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
     s = warpgroup_mma_wait(num_outstanding=1 + EXTRA, deps=(s,))
     p = probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK, IS_CAUSAL)
     p_w = p_smem.index(W + here)
@@ -177,12 +163,10 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
                    sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
                    IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr, DS_FIRST: gl.constexpr = False,
-                   AHEAD: gl.constexpr = False, lse2=None, delta=None, STATS_SMEM: gl.constexpr = False):
+                   STATS_SMEM: gl.constexpr = False):
     """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring.
     LATE_DQ: the previous step's dQ is issued only once this step's dS is computed (fewer accumulators
-    in flight at once: what d 128's registers allow), and this step's dS is stored under it. With
-    lse2 and delta (tile t_from's L and D, loaded ahead), each step loads the next one's at its end and
-    the last one's are returned (else None)."""
+    in flight at once: what d 128's registers allow), and this step's dS is stored under it."""
     for t in range(t_from, t_to):
         i = t - t_lo
         here = t * runtime_zero
@@ -200,21 +184,15 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
         else:
             dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
-                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W, lse2, delta,
-                                    STATS_SMEM)
+                                    qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W, STATS_SMEM)
             if DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
                                   HEAD_DIM, STAGES, 1, W)
             if not DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
-            if AHEAD:  # the next step's L and D, after this step's last fence
-                lse2, delta = _statistics_ahead(LSE, DELTA, q_row0, t + 1, seq_q)
             dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
-    if AHEAD:
-        return dk, dv, lse2, delta
-    else:
-        return dk, dv
+    return dk, dv
 
 
 @gluon.jit
@@ -222,8 +200,7 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr,
-                           DS_FIRST: gl.constexpr = False, AHEAD: gl.constexpr = False,
-                           STATS_SMEM: gl.constexpr = False):
+                           DS_FIRST: gl.constexpr = False, STATS_SMEM: gl.constexpr = False):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
     [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
     if t_hi > t_lo:
@@ -232,42 +209,23 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
         dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t_lo, 0, seq_q, seq_k,
                                 qk_scale, sm_scale, here, STAGES, True, IS_CAUSAL, 0, W, STATS_SMEM=STATS_SMEM)
         _store_ds(ds, ds_smem, ds_full, ds_free, 0, W)
-        first = t_lo + 1
-        if AHEAD:
-            lse2, delta = _statistics_ahead(LSE, DELTA, q_row0, first, seq_q)
         dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
-        if AHEAD:
-            dk, dv, lse2, delta = _rotated_steps(
-                dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
-                ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first, gl.maximum(t_diag, first), t_lo, seq_q,
-                seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                True, lse2, delta)
-            dk, dv, lse2, delta = _rotated_steps(
-                dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
-                ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, gl.maximum(t_diag, first),
-                gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES,
-                False, IS_CAUSAL, LATE_DQ, W, DS_FIRST, True, lse2, delta)
-            dk, dv, lse2, delta = _rotated_steps(
-                dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
-                ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, gl.maximum(t_free, first), t_hi, t_lo, seq_q,
-                seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                True, lse2, delta)
-        else:
-            dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
-                                    do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
-                                    gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
-                                    HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                                    STATS_SMEM=STATS_SMEM)
-            dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
-                                    do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
-                                    gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
-                                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                                    STATS_SMEM=STATS_SMEM)
-            dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
-                                    do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
-                                    gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale,
-                                    runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                                    STATS_SMEM=STATS_SMEM)
+        first = t_lo + 1
+        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
+                                gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
+                                HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                                STATS_SMEM=STATS_SMEM)
+        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
+                                gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
+                                sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                                STATS_SMEM=STATS_SMEM)
+        dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
+                                do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
+                                gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale,
+                                runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
+                                STATS_SMEM=STATS_SMEM)
         last = t_hi - 1 - t_lo
         here = t_hi * runtime_zero
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)

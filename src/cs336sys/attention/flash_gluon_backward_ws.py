@@ -26,7 +26,7 @@ Masking, L and D, the 2-D TMA views and the fp32 dQ workspace are those of `flas
 
 Triton 3.6's Gluon has no Python wrapper for the TMA reduction its builder offers, so
 `flash_gluon_backward_common.tma_reduce_add` calls the builder directly. `ROTATE` selects the consumer
-of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step; 2, 3 and 4 its
+of `flash_gluon_backward_rotated` (a step's dK and dQ products issued in the next step; 2 and 3 its
 variants), `SWAP_AB` that
 of `flash_gluon_backward_swapped` (keys on the MMA rows: P and dS^T stay in registers for dV and dK).
 """
@@ -234,7 +234,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                         do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                         t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, ROTATE == 4, STATS_SMEM)
+                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, STATS_SMEM)
     else:
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
@@ -308,20 +308,22 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
         delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], DELTA.layout)
         lse_in = lse_smem
         delta_in = delta_smem
-        loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars, empty_bars,
-                 bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M, bh, LSE, DELTA, lse_smem,
-                 delta_smem)
+        stats_loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
+                       empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M, bh, LSE, DELTA,
+                       lse_smem, delta_smem)
     else:
         lse_in = LSE
         delta_in = DELTA
-        loads = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars, empty_bars,
-                 bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)
+    # Without STATS_SMEM the producer's arguments are formed after the consumers', as before the option:
+    # where these products are formed moves the partitions' captures in shared memory, and the SASS.
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                      ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q,
                      seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB,
                      BLOCK_M, 0, STATS_SMEM)),
-        (_producer, loads),
+        (_producer, stats_loads if STATS_SMEM else (
+            q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars, empty_bars,
+            bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)),
         (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                      ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q,
                      seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB,
