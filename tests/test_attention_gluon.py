@@ -156,10 +156,11 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=3), "swap_ab is 0 (off), 1 or 2"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, rotate=1), "are not rotated"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1, shared_ds=False), "are not rotated"),
-    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, stats_smem=True), "take the rotated steps"),
-    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, stats_smem=True), "take the rotated steps"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, stats_smem=True), "take the rotated or the swapped"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, stats_smem=True), "in fragment order"),
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, rotate=1, stats_smem=True), "in fragment order"),
     (GluonBackwardTiles(64, 128, 2, 4, stats_smem=True), "take the warp-specialised kernel"),
+    (GluonBackwardTiles(64, 128, 2, 4, persistent=True), "take the warp-specialised kernel"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)
@@ -400,21 +401,30 @@ def test_dq_in_register_order_matches_float64(lead, seq_q, seq_k, causal, d, fre
         assert all(e < TOLERANCE[torch.bfloat16] for e in errors.values()), (str(tiles), errors)
 
 
-@pytest.mark.parametrize("option", [{"rotate": 3}, {"stats_smem": True}], ids=["ds_first", "stats_smem"])
+@pytest.mark.parametrize("d,option", [
+    (64, {"rotate": 3}), (64, {"stats_smem": True}), (128, {"stats_smem": True}), (64, {"persistent": True}),
+    (64, {"stats_smem": True, "persistent": True}), (128, {"stats_smem": True, "persistent": True}),
+], ids=["ds_first", "stats_smem", "swapped_stats_smem", "persistent", "stats_smem_persistent",
+        "swapped_stats_smem_persistent"])
 @pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 2), 512, 512, True), ((2,), 320, 200, True),
                                                      ((2,), 192, 448, False), ((3,), 208, 336, True),
-                                                     ((3,), 257, 300, True)])
+                                                     ((3,), 257, 300, True), ((40, 4), 256, 256, True),
+                                                     ((2,), 192, 448, True)])
 @on_hopper
-def test_rotation_variants_give_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, option, fresh_seed):
+def test_rotation_variants_give_the_same_dk_and_dv_bits(lead, seq_q, seq_k, causal, d, option, fresh_seed):
     # rotate=3 stores dS before finishing the previous step,
     # stats_smem has the producer load L and D into the ring (where seq_q is a multiple of 64; else, 208
-    # and 257 here, the launcher loads them as the plain rotation does):
+    # and 257 here, the launcher loads them as the plain rotation does; at d 128 beside the default
+    # swapped steps); the persistent grid runs each (key tile, head) as the plain grid does, in turn
+    # (160 heads: more work items than SMs; 448 keys, causal, against 192 queries: key tiles no query
+    # sees):
     # the same products in the same order per key tile, so dK and dV are the plain rotation's to the
     # bit (dQ is summed across CTAs in no fixed order)
-    q, k, v = (torch.randn(*lead, n, 64, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
+    q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))
     grad_out = torch.randn_like(q)
     out, lse = flash_attention_gluon_forward(q, k, v, causal)
-    plain = GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True)
+    plain = {64: GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True),
+             128: GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True)}[d]
     dq, dk, dv = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal, plain)
     dq_r, dk_r, dv_r = flash_attention_gluon_backward(q, k, v, out, lse, grad_out, causal,
                                                       replace(plain, **option))

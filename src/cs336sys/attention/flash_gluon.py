@@ -95,9 +95,11 @@ class GluonBackwardTiles:
     # dV's product issued before dS is formed (1) or after it (2)
     dq_fragments: bool = False  # warp-specialised: the dQ workspace in the accumulators' register order
     # (`flash_gluon_backward_common.add_dq`; where seq_q is a multiple of 64)
-    stats_smem: bool = False  # warp-specialised, rotated: each step's L and D loaded by the producer (TMA)
+    stats_smem: bool = False  # warp-specialised, rotated or swapped: each step's L and D loaded by the producer (TMA)
     # into the ring with Q and dO, read by the consumers from shared memory (with dq_fragments, where
     # seq_q is a multiple of 64: `flash_gluon_backward_ws.flash_backward_gluon_ws`)
+    persistent: bool = False  # warp-specialised: at most one CTA an SM, each taking (key tile, head) items in
+    # turn, longest first
 
     def __str__(self) -> str:
         if self.consumer_regs:
@@ -107,7 +109,8 @@ class GluonBackwardTiles:
                     + {0: "", 1: "/rotated", 2: "/rotated-late",
                        3: "/rotated-ds-first"}.get(self.rotate, f"/rotate={self.rotate}")
                     + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}")
-                    + ("/dq-fragments" if self.dq_fragments else "") + ("/stats-smem" if self.stats_smem else ""))
+                    + ("/dq-fragments" if self.dq_fragments else "") + ("/stats-smem" if self.stats_smem else "")
+                    + ("/persistent" if self.persistent else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
@@ -125,13 +128,13 @@ class GluonBackwardTiles:
                 return f"{self}: swap_ab is 0 (off), 1 or 2 (dV late)"
             if self.swap_ab and (self.rotate or not self.shared_ds):
                 return f"{self}: the swapped steps share dS between the warpgroups and are not rotated"
-            if self.stats_smem and self.rotate not in (1, 2, 3):
-                return f"{self}: L and D in the ring take the rotated steps (rotate 1, 2 or 3)"
+            if self.stats_smem and not (self.rotate or self.swap_ab):
+                return f"{self}: L and D in the ring take the rotated or the swapped steps"
             if self.stats_smem and not self.dq_fragments:
                 return f"{self}: L and D in the ring take the dQ workspace in fragment order (dq_fragments)"
             return None
-        if self.stats_smem:
-            return f"{self}: L and D in the ring take the warp-specialised kernel"
+        if self.stats_smem or self.persistent:
+            return f"{self}: L and D in the ring and the persistent grid take the warp-specialised kernel"
         if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
             return f"{self}: whole warpgroups, 16 keys per warp"
         if self.block_m != 64:  # one warpgroup MMA high; keys, a multiple of 64, line up on the diagonal
@@ -170,7 +173,10 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=1),
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
          GluonBackwardTiles(128, 128, 3, 4, consumer_regs=240, swap_ab=2),  # FlashAttention-3's d 64 tiles: spills
-         GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
+         GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
+         # the persistent grid: not timed yet
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True,
+                            persistent=True)],
     128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=2),
@@ -181,7 +187,12 @@ BACKWARD_VARIANTS = {
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, rotate=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, tiles_first=False),
-          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4)],
+          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
+          # L and D in the ring, then with the persistent grid: not timed yet (compiled on the CPU, the
+          # causal kernel's spills fall from 256 bytes to 4, then none)
+          GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True),
+          GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True,
+                             persistent=True)],
 }
 BACKWARD_TILES = {d: variants[0] for d, variants in BACKWARD_VARIANTS.items()}
 BACKWARDS = ("gluon", "tl")
@@ -325,7 +336,7 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
                                                      tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
                                                      tiles.tiles_first, tiles.rotate, tiles.swap_ab, tiles.block_m,
-                                                     tiles.dq_fragments, tiles.stats_smem)
+                                                     tiles.dq_fragments, tiles.stats_smem, tiles.persistent)
     else:
         dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
                                                   tiles.block_n, tiles.stages, tiles.num_warps)

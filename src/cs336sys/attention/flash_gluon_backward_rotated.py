@@ -200,33 +200,35 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr,
-                           DS_FIRST: gl.constexpr = False, STATS_SMEM: gl.constexpr = False):
+                           DS_FIRST: gl.constexpr = False, STATS_SMEM: gl.constexpr = False, i0=0):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
-    [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace."""
+    [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace. Tile t is ring step
+    i0 + t - t_lo (i0: the steps of the persistent kernel's earlier tiles)."""
     if t_hi > t_lo:
         here = t_lo * runtime_zero
-        s, dp = _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, 0, here, STAGES, W)
-        dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t_lo, 0, seq_q, seq_k,
+        s, dp = _issue_scores(k_smem, v_smem, q_smem, do_smem, q_bars, do_bars, i0, here, STAGES, W)
+        dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t_lo, i0, seq_q, seq_k,
                                 qk_scale, sm_scale, here, STAGES, True, IS_CAUSAL, 0, W, STATS_SMEM=STATS_SMEM)
-        _store_ds(ds, ds_smem, ds_full, ds_free, 0, W)
+        _store_ds(ds, ds_smem, ds_full, ds_free, i0, W)
         dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
         first = t_lo + 1
+        origin = t_lo - i0
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                 do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
-                                gl.maximum(t_diag, first), t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
+                                gl.maximum(t_diag, first), origin, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
                                 HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
                                 STATS_SMEM=STATS_SMEM)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                 do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
-                                gl.maximum(t_diag, first), gl.maximum(t_free, first), t_lo, seq_q, seq_k, qk_scale,
+                                gl.maximum(t_diag, first), gl.maximum(t_free, first), origin, seq_q, seq_k, qk_scale,
                                 sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
                                 STATS_SMEM=STATS_SMEM)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                 do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
-                                gl.maximum(t_free, first), t_hi, t_lo, seq_q, seq_k, qk_scale, sm_scale,
+                                gl.maximum(t_free, first), t_hi, origin, seq_q, seq_k, qk_scale, sm_scale,
                                 runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
                                 STATS_SMEM=STATS_SMEM)
-        last = t_hi - 1 - t_lo
+        last = t_hi - 1 - t_lo + i0
         here = t_hi * runtime_zero
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)
         dq = _issue_previous_dq(k_smem, ds_smem, last, here, HEAD_DIM, W)

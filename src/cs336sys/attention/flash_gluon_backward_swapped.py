@@ -20,6 +20,10 @@ so P never leaves registers and dS^T is stored once and read once (by the dQ pro
 transposed view). That saves 24 KB of shared-memory traffic per warpgroup and step, and the P buffer
 (16 KB), which at d 128 makes room for a third ring slot. FlashAttention-3's Hopper backward makes the
 same choice at d 64 and 128 (its `SdP_swapAB`).
+
+With STATS_SMEM the step's L and D (one per query column: 16 of each a thread) come from the ring's
+shared buffers, which the producer fills by TMA, instead of global memory; at d 128 that also frees the
+registers the spills took (notes/flash_attention.md, "L and D in the ring").
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, add_dq, row_statistics
+from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, add_dq, row_statistics, staged_rows
 
 
 @gluon.jit
@@ -55,14 +59,16 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
                            ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k,
                            qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                            MASK: gl.constexpr, IS_CAUSAL: gl.constexpr, EARLY_DV: gl.constexpr, BLOCK_M: gl.constexpr,
-                           W: gl.constexpr):
+                           W: gl.constexpr, STATS_SMEM: gl.constexpr = False):
     """Query tiles [t_from, t_to) against this warpgroup's 64 keys (`keys`: along the rows of S^T), as
     `flash_gluon_backward_ws._consumer_steps` with SHARED_DS: ring slot i % STAGES, dS buffer i % 2,
     which holds both warpgroups' dS^T halves ([2 * buffer + warpgroup], 64 keys x BLOCK_M queries). With
     BLOCK_M 64 each warpgroup computes half of dQ's columns, with 128 (FlashAttention-3's d 64 tiles: half
     the steps, products 128 queries wide) half of its rows, every column. EARLY_DV:
     dV's product is issued before dS^T is formed, so it runs under that arithmetic (P^T in 32 and 16 bits,
-    dP^T, dK and dV are then live at once: at d 128 more spills); else after it."""
+    dP^T, dK and dV are then live at once: at d 128 more spills); else after it. STATS_SMEM: L and D
+    from ring slot i % STAGES of the shared buffers LSE and DELTA (L before S^T's wait, D after dP^T's),
+    which the producer fills by TMA, else from global memory."""
     dtype: gl.constexpr = q_smem.dtype
     HALF: gl.constexpr = HEAD_DIM // 2
     DQ_COLS: gl.constexpr = HALF if BLOCK_M == ROWS else HEAD_DIM
@@ -93,7 +99,10 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
         st = warpgroup_mma(k_w, q_slot.permute((1, 0)), zero, use_acc=False, is_async=True)
         mbarrier.wait(do_bars.index(slot), phase)
         dpt = warpgroup_mma(v_w, do_slot.permute((1, 0)), zero, use_acc=False, is_async=True)
-        lse2, delta = row_statistics(LSE, DELTA, q_row0, cols, seq_q, MASK)
+        if STATS_SMEM:
+            lse2 = staged_rows(LSE, slot, col_layout) * 1.4426950408889634
+        else:
+            lse2, delta = row_statistics(LSE, DELTA, q_row0, cols, seq_q, MASK)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         pt = transposed_probabilities(st, lse2, keys, cols, seq_q, seq_k, qk_scale, MASK, IS_CAUSAL)
         pt_low = pt.to(dtype)
@@ -101,9 +110,13 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
             pt_op = gl.convert_layout(pt_low, a_layout)
             dv = warpgroup_mma(pt_op, do_slot, dv, is_async=True)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt,))
+            if STATS_SMEM:
+                delta = staged_rows(DELTA, slot, col_layout)
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * sm_scale
         else:
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+            if STATS_SMEM:
+                delta = staged_rows(DELTA, slot, col_layout)
             dst = pt * (dpt - gl.expand_dims(delta, 0)) * sm_scale
             dv = warpgroup_mma(gl.convert_layout(pt_low, a_layout), do_slot, dv, is_async=True)
 

@@ -20,6 +20,12 @@ buffer (two buffers, alternate steps): "full" (both halves stored) and "free" (b
 read it are done). So one warpgroup's exponentials can run while the other's products hold the
 tensor cores, as in the warp-specialised forward.
 
+With PERSISTENT the grid is at most one CTA an SM, and each CTA takes the work items (key tile, head)
+w, w + grid, ... in turn, every head's first key tile first (causal: the longest first), as cuDNN's
+backward does with its 132 CTAs. The partitions walk the same items: the producer loads the next
+item's K and V once both consumers have released the last's (a `kv_free` mbarrier) and numbers the
+ring's steps on across items, so every slot and dS buffer phase carries over.
+
 Masking, L and D, the 2-D TMA views and the fp32 dQ workspace are those of `flash_gluon_backward`
 (its docstring says why the rows a TMA read takes from the next head contribute nothing: their P is
 0, so are their dS and their dQ rows, which the reduce-add adds as zeros).
@@ -59,18 +65,20 @@ from cs336sys.attention.flash_gluon_backward_swapped import swapped_consumer_ste
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
               empty_bars, kv_row0, q_row0, n0, t_lo, n_steps, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
-              bh=None, lse_desc=None, delta_desc=None, lse_smem=None, delta_smem=None):
+              bh=None, lse_desc=None, delta_desc=None, lse_smem=None, delta_smem=None, i0=0):
     """K and V once, then each step's Q and dO tiles (with lse_desc, also its L on Q's barrier and its
-    D on dO's: BLOCK_M rows of head bh from the (batch*heads, seq_q) views into the slot's buffers)."""
+    D on dO's: BLOCK_M rows of head bh from the (batch*heads, seq_q) views into the slot's buffers).
+    i0: the ring steps this CTA took before (the persistent kernel's earlier tiles)."""
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(k_desc, [kv_row0 + n0 + w * KEYS, 0], kv_bar, k_smem.index(w))
         tma.async_copy_global_to_shared(v_desc, [kv_row0 + n0 + w * KEYS, 0], kv_bar, v_smem.index(w))
-    for i in range(n_steps):
+    for j in range(n_steps):
+        i = i0 + j
         slot = i % STAGES
         # Step i reuses the slot of step i - STAGES: wait until both consumers have released it.
         mbarrier.wait(empty_bars.index(slot), ((i // STAGES) & 1) ^ 1, pred=i >= STAGES)
-        row = q_row0 + (t_lo + i) * BLOCK_M
+        row = q_row0 + (t_lo + j) * BLOCK_M
         if lse_desc is None:
             mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
@@ -79,11 +87,11 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, 
         else:
             mbarrier.expect(q_bars.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [row, 0], q_bars.index(slot), q_smem.index(slot))
-            tma.async_copy_global_to_shared(lse_desc, [bh, (t_lo + i) * BLOCK_M], q_bars.index(slot),
+            tma.async_copy_global_to_shared(lse_desc, [bh, (t_lo + j) * BLOCK_M], q_bars.index(slot),
                                             lse_smem.index(slot))
             mbarrier.expect(do_bars.index(slot), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(do_desc, [row, 0], do_bars.index(slot), do_smem.index(slot))
-            tma.async_copy_global_to_shared(delta_desc, [bh, (t_lo + i) * BLOCK_M], do_bars.index(slot),
+            tma.async_copy_global_to_shared(delta_desc, [bh, (t_lo + j) * BLOCK_M], do_bars.index(slot),
                                             delta_smem.index(slot))
 
 
@@ -174,12 +182,13 @@ def _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq
 def _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars, ds_full,
            ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale, sm_scale,
            runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr,
-           SHARED_DS: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
+           SHARED_DS: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr,
+           STATS_SMEM: gl.constexpr = False):
     if SWAP_AB:
         dk, dv = swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, q_bars, do_bars,
                                         empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to,
                                         t_lo, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, MASK,
-                                        IS_CAUSAL, SWAP_AB == 1, BLOCK_M, W)
+                                        IS_CAUSAL, SWAP_AB == 1, BLOCK_M, W, STATS_SMEM)
     else:
         dk, dv = _consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars,
                                  empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo,
@@ -193,17 +202,23 @@ def _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_sm
                           empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                           seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr,
-                          SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
-    """Every step, masked [t_lo, t_diag), unmasked [t_diag, t_free), masked [t_free, t_hi)."""
+                          SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr,
+                          STATS_SMEM: gl.constexpr = False, i0=0):
+    """Every step, masked [t_lo, t_diag), unmasked [t_diag, t_free), masked [t_free, t_hi); step t is
+    ring step i0 + t - t_lo."""
+    origin = t_lo - i0
     dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
-                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_lo, seq_q, seq_k, qk_scale,
-                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, origin, seq_q, seq_k, qk_scale,
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W,
+                    STATS_SMEM)
     dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
-                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_diag, t_free, t_lo, seq_q, seq_k, qk_scale,
-                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_diag, t_free, origin, seq_q, seq_k, qk_scale,
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W,
+                    STATS_SMEM)
     dk, dv = _steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars, do_bars, empty_bars,
-                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_free, t_hi, t_lo, seq_q, seq_k, qk_scale,
-                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
+                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_free, t_hi, origin, seq_q, seq_k, qk_scale,
+                    sm_scale, runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W,
+                    STATS_SMEM)
     return dk, dv
 
 
@@ -212,9 +227,11 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
               ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
               qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr,
-              W: gl.constexpr, STATS_SMEM: gl.constexpr = False):
+              W: gl.constexpr, STATS_SMEM: gl.constexpr = False, i0=0, kv_phase=0, kv_free=None):
     """This warpgroup's dK and dV (dQ halves to the workspace). LSE and DELTA: pointers, or with
-    STATS_SMEM the shared buffers the producer fills."""
+    STATS_SMEM the shared buffers the producer fills. The persistent kernel's tiles after the first give
+    i0 (the ring steps taken before), kv_phase (of K and V's barrier) and kv_free, the barrier on which
+    the consumers release K and V once their last product has read them."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -229,20 +246,72 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         keys = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(kv_bar, kv_phase)
     if ROTATE:
         dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                         do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                         t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, STATS_SMEM)
+                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, STATS_SMEM, i0)
     else:
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                        t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                       STAGES, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W)
+                                       STAGES, IS_CAUSAL, SHARED_DS, SWAP_AB, BLOCK_M, W, STATS_SMEM, i0)
+    if kv_free is not None:  # every warp's products are done (the steps end at a CTA barrier)
+        gl.thread_barrier()
+        mbarrier.arrive(kv_free, count=1)
     tma.store_wait(0)  # the last reduce-add has read the dQ buffer before the CTA's memory goes
 
     store_dk_dv(DK, DV, dk, dv, bh, k0, seq_k, KEYS, HEAD_DIM)  # this warpgroup's keys
+
+
+@gluon.jit
+def _tile_of(w, n_heads, seq_q, seq_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """The persistent kernel's work item w: key tile w // n_heads of head w % n_heads (every head's key
+    tile 0 first: causal, those see the most query tiles), with its query tiles (`query_tile_range`)."""
+    bh = w % n_heads
+    n0 = (w // n_heads) * BLOCK_N
+    t_lo, t_diag, t_free, t_hi = query_tile_range(n0, seq_q, seq_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    return bh, n0, t_lo, t_diag, t_free, t_hi
+
+
+@gluon.jit
+def _persistent_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free, q_bars,
+                         do_bars, empty_bars, n_heads, seq_q, seq_k, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, lse_desc=None, delta_desc=None, lse_smem=None, delta_smem=None):
+    """`_producer` for each of this CTA's work items in turn, K and V of the next once both consumers
+    have released the last's (kv_free); the ring's steps numbered on across items."""
+    BLOCK_N: gl.constexpr = 2 * KEYS
+    i0 = 0
+    count = 0
+    for w in range(gl.program_id(0), gl.cdiv(seq_k, BLOCK_N) * n_heads, gl.num_programs(0)):
+        bh, n0, t_lo, t_diag, t_free, t_hi = _tile_of(w, n_heads, seq_q, seq_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        mbarrier.wait(kv_free, (count & 1) ^ 1, pred=count > 0)
+        _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
+                  empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M, bh, lse_desc,
+                  delta_desc, lse_smem, delta_smem, i0)
+        i0 += t_hi - t_lo
+        count += 1
+
+
+@gluon.jit
+def _persistent_consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, q_bars, do_bars,
+                         empty_bars, ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, n_heads, seq_q, seq_k, qk_scale,
+                         sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, ROTATE: gl.constexpr,
+                         SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr, STATS_SMEM: gl.constexpr):
+    """`_consumer` for each of this CTA's work items in turn (the producer's order)."""
+    BLOCK_N: gl.constexpr = 2 * KEYS
+    i0 = 0
+    count = 0
+    for w in range(gl.program_id(0), gl.cdiv(seq_k, BLOCK_N) * n_heads, gl.num_programs(0)):
+        bh, n0, t_lo, t_diag, t_free, t_hi = _tile_of(w, n_heads, seq_q, seq_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
+                  ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
+                  qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M,
+                  W, STATS_SMEM, i0, count & 1, kv_free)
+        i0 += t_hi - t_lo
+        count += 1
 
 
 @gluon.jit
@@ -251,7 +320,7 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
                                    IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                    CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr, ROTATE: gl.constexpr,
                                    SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr,
-                                   STATS_SMEM: gl.constexpr = False):
+                                   STATS_SMEM: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
     """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
     zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
     HEAD_DIM without SHARED_DS, or with BLOCK_M 128, where each warpgroup adds 64 rows of dQ), or, not
@@ -259,12 +328,13 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
     (batch*heads*seq_q*HEAD_DIM/64, 64) view in blocks of (those columns) x 64. LSE and DELTA: pointers
     to the (batch*heads*seq_q) L and D, or with STATS_SMEM TMA descriptors of (batch*heads, seq_q)
     views of them in blocks of 1 x BLOCK_M (the producer loads each step's rows into the ring beside Q
-    and dO; rows past seq_q read as 0)."""
+    and dO; rows past seq_q read as 0). PERSISTENT: a 1-D grid of at most one CTA an SM, each taking the
+    work items (key tile, head) w, w + grid, ... (`_tile_of`)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
     gl.static_assert(not (SWAP_AB and (ROTATE or not SHARED_DS)), "the swapped steps share dS and are not rotated")
     gl.static_assert((BLOCK_M == 64) or (SWAP_AB != 0), "steps of 128 queries take the swapped consumer")
-    gl.static_assert(not STATS_SMEM or (ROTATE != 0 and ROTATE != 4), "L and D in the ring: rotate 1, 2 or 3")
+    gl.static_assert(not STATS_SMEM or ROTATE != 0 or SWAP_AB != 0, "L and D in the ring: rotated or swapped steps")
     BLOCK_N: gl.constexpr = 2 * KEYS
     N_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
     bh = gl.program_id(1 - N_AXIS)
@@ -314,21 +384,43 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
     else:
         lse_in = LSE
         delta_in = DELTA
-    # Without STATS_SMEM the producer's arguments are formed after the consumers', as before the option:
-    # where these products are formed moves the partitions' captures in shared memory, and the SASS.
-    gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
-                     ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q,
-                     seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB,
-                     BLOCK_M, 0, STATS_SMEM)),
-        (_producer, stats_loads if STATS_SMEM else (
-            q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars, empty_bars,
-            bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)),
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
-                     ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q,
-                     seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB,
-                     BLOCK_M, 1, STATS_SMEM)),
-    ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
+    if PERSISTENT:
+        kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_free, count=2)  # one arrive per consumer warpgroup
+        n_heads = q_desc.shape[0] // seq_q
+        if STATS_SMEM:
+            stats_args = (LSE, DELTA, lse_smem, delta_smem)
+        else:
+            stats_args = ()
+        gl.warp_specialize([
+            (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free,
+                                    q_bars, do_bars, empty_bars, ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in,
+                                    n_heads, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES,
+                                    IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 0, STATS_SMEM)),
+            (_persistent_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, kv_free,
+                                    q_bars, do_bars, empty_bars, n_heads, seq_q, seq_k, STAGES, BLOCK_M, IS_CAUSAL)
+             + stats_args),
+            (_persistent_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free,
+                                    q_bars, do_bars, empty_bars, ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in,
+                                    n_heads, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES,
+                                    IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 1, STATS_SMEM)),
+        ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
+    else:
+        # Without STATS_SMEM the producer's arguments are formed after the consumers', as before the option:
+        # where these products are formed moves the partitions' captures in shared memory, and the SASS.
+        gl.warp_specialize([
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars,
+                         empty_bars, ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag,
+                         t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL,
+                         SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 0, STATS_SMEM)),
+            (_producer, stats_loads if STATS_SMEM else (
+                q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
+                empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars,
+                         empty_bars, ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag,
+                         t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL,
+                         SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 1, STATS_SMEM)),
+        ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
 
 
 def _aligned_rows(rows):
@@ -346,14 +438,15 @@ def _aligned_rows(rows):
 def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
                             consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
                             rotate: int = 0, swap_ab: int = 0, block_m: int = 64, dq_fragments: bool = False,
-                            stats_smem: bool = False):
+                            stats_smem: bool = False, persistent: bool = False):
     """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
     (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle.
     `dq_fragments`: the dQ workspace in the accumulators' register order, where seq_q is a multiple of 64
     (else row-major). `stats_smem`: L and D loaded by the producer (TMA) into the ring with Q and dO,
     where the dQ workspace is in fragment order (else each consumer loads them from global memory: with
     the row-major workspace's stores, ptxas serialises the causal kernel's products, "insufficient
-    register resources for the wgmma pipeline", Triton 3.6)."""
+    register resources for the wgmma pipeline", Triton 3.6). `persistent`: one CTA an SM (at most), each
+    taking (key tile, head) work items in turn, every head's first key tile first."""
     import math
 
     import torch
@@ -392,13 +485,18 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
                             for t in (_aligned_rows(lse.view(bh, seq_q)), _aligned_rows(delta.view(bh, seq_q))))
     else:
         lse_at, delta_at = lse, delta
-    handle = flash_backward_gluon_ws_kernel[(key_tiles, bh) if tiles_first else (bh, key_tiles)](
+    if persistent:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        grid = (min(sms, key_tiles * bh),)
+    else:
+        grid = (key_tiles, bh) if tiles_first else (bh, key_tiles)
+    handle = flash_backward_gluon_ws_kernel[grid](
         descriptor(q, seq_q, [block_m, d], element), descriptor(k, seq_k, [KEYS.value, d], element),
         descriptor(v, seq_k, [KEYS.value, d], element), descriptor(grad_out, seq_q, [block_m, d], element),
         dq_view, dk, dv, lse_at, delta_at, seq_q, seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages,
         IS_CAUSAL=is_causal, SHARED_DS=shared_ds, PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs,
         TILES_FIRST=tiles_first, ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4,
-        STATS_SMEM=stats_smem)
+        STATS_SMEM=stats_smem, **({"PERSISTENT": True} if persistent else {}))
     if fragments:
         dq = torch.empty_like(q)
         dq_from_fragments_kernel[(bh * seq_q // ROWS.value, d // dq_cols)](dq_acc, dq, HEAD_DIM=d, COLS=dq_cols)
