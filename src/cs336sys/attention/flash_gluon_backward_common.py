@@ -119,6 +119,12 @@ def staged_rows(stats_smem, slot, layout: gl.constexpr):
 
 
 @gluon.jit
+def staged_lse2(lse_smem, slot, layout: gl.constexpr):
+    """A query tile's base-2 L (L * log2 e, as `row_statistics` gives it) from ring slot `slot`."""
+    return staged_rows(lse_smem, slot, layout) * 1.4426950408889634
+
+
+@gluon.jit
 def probabilities(s, lse2, rows, keys, seq_q, seq_k, qk_scale, MASK: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """P = exp2(S * scale * log2 e - L * log2 e), set to 0 where MASK says a query row is past seq_q, a key
     past seq_k or (causal) the key after the query."""

@@ -57,6 +57,7 @@ from cs336sys.attention.flash_gluon_backward_common import (
     add_dq,
     probabilities,
     row_statistics,
+    staged_lse2,
     staged_rows,
 )
 
@@ -112,7 +113,7 @@ def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, s
                                                        instr_shape=[16, KEYS, 16])
     rows = t * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     if STATS_SMEM:  # D read once dP is done, below
-        lse2 = staged_rows(LSE, i % STAGES, gl.SliceLayout(1, s_layout)) * 1.4426950408889634
+        lse2 = staged_lse2(LSE, i % STAGES, gl.SliceLayout(1, s_layout))
     else:
         lse2, delta = row_statistics(LSE, DELTA, q_row0, rows, seq_q, MASK)
     s = warpgroup_mma_wait(num_outstanding=1 + EXTRA, deps=(s,))

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, add_dq, row_statistics, staged_rows
+from cs336sys.attention.flash_gluon_backward_common import KEYS, ROWS, add_dq, row_statistics, staged_lse2, staged_rows
 
 
 @gluon.jit
@@ -100,7 +100,7 @@ def swapped_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_
         mbarrier.wait(do_bars.index(slot), phase)
         dpt = warpgroup_mma(v_w, do_slot.permute((1, 0)), zero, use_acc=False, is_async=True)
         if STATS_SMEM:
-            lse2 = staged_rows(LSE, slot, col_layout) * 1.4426950408889634
+            lse2 = staged_lse2(LSE, slot, col_layout)
         else:
             lse2, delta = row_statistics(LSE, DELTA, q_row0, cols, seq_q, MASK)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
