@@ -99,7 +99,7 @@ class GluonBackwardTiles:
     # into the ring with Q and dO, read by the consumers from shared memory (with dq_fragments, where
     # seq_q is a multiple of 64: `flash_gluon_backward_ws.flash_backward_gluon_ws`)
     persistent: bool = False  # warp-specialised: at most one CTA an SM, each taking (key tile, head) items in
-    # turn, longest first
+    # turn, in the plain grid's order
 
     def __str__(self) -> str:
         if self.consumer_regs:
@@ -151,11 +151,12 @@ class GluonBackwardTiles:
 # producer into the ring (`stats_smem`; 0.97-0.98x cuDNN's backward at the 2025 shape on one H100,
 # against 1.05x for the entry after it, which loads them in the consumers). At d 128 the keys on the MMA rows
 # (`flash_gluon_backward_swapped`: P and dS^T stay in registers for dV and dK, which frees the shared
-# memory for a 3-deep ring), dV's product issued once dS is formed; the rotation spills there (720-1364
-# bytes). Both with the dQ workspace in the accumulators' register order (`dq_fragments`: no bank
-# conflicts storing dQ). On one H100, before `stats_smem`: 1.01x cuDNN's backward at the 2025 shape, 0.99x
-# at the 2026 one (1.10x and 1.05x without `dq_fragments`, the entry after the rotate=3 one at d 64 and
-# second at d 128),
+# memory for a 3-deep ring), dV's product issued once dS is formed, L and D in the ring too (0.97-0.98x
+# cuDNN's backward at the 2026 shape on one H100, against 1.00-1.01x for the second entry; the rotation
+# spills there, 720-1364 bytes). Both with the dQ workspace in the accumulators' register order
+# (`dq_fragments`: no bank conflicts storing dQ). On one H100, before `stats_smem`: 1.01x cuDNN's
+# backward at the 2025 shape, 0.99x at the 2026 one (1.10x and 1.05x without `dq_fragments`, the entry
+# after the rotate=3 one at d 64 and third at d 128),
 # against 1.3-1.5x for the `tl` backward
 # (notes/flash_attention.md, "Warp-specialised backward", "Keys on the MMA rows" and "dQ in register
 # order"). Then the variants measured beside them (at d 64 also steps of 128 queries,
@@ -174,10 +175,11 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
          GluonBackwardTiles(128, 128, 3, 4, consumer_regs=240, swap_ab=2),  # FlashAttention-3's d 64 tiles: spills
          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
-         # the persistent grid: not timed yet
+         # the persistent grid
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True,
                             persistent=True)],
-    128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True),
+    128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True),
+          GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, swap_ab=2),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=1),
@@ -188,9 +190,7 @@ BACKWARD_VARIANTS = {
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, tiles_first=False),
           GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
-          # L and D in the ring, then with the persistent grid: not timed yet (compiled on the CPU, the
-          # causal kernel's spills fall from 256 bytes to 4, then none)
-          GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True),
+          # the persistent grid
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True,
                              persistent=True)],
 }
