@@ -178,9 +178,10 @@ def _gluon_why(ratios: list[tuple[str, dict]]) -> str:
         reasons.append("keeping P and dS in registers (keys on the MMA rows) took the d 128 backward 5 % closer, "
                        "storing dQ in its registers' order (no bank conflicts) another 5-9 % at both head dims, and "
                        "loading each step's L and D by the producer's TMA into shared memory (as cuDNN does) took "
-                       "the d 64 backward from 1.06× to 0.93-1.01× cuDNN's time in six H100 runs; our backward's "
-                       "time moves by up to 8 % from one machine to the next where cuDNN's moves by under 1 %, so "
-                       "a single run can land either side of 1.00× (notes/flash_attention.md)")
+                       "the d 64 backward from 1.06× to a median 0.98× cuDNN's time in ten H100 measurements "
+                       "(0.93-1.12×); our backward's time moves by up to 20 % from one machine to the next (its "
+                       "kernel's by 8 %) where cuDNN's moves by under 2 %, so a single run can land either side of "
+                       "1.00× (notes/flash_attention.md)")
     if not all(at_most(r["fwd"], 1.0) for _, r in ratios):
         reasons.append("at d 64 the forward's exponentials weigh as much as its products (not profiled further)")
     return "; ".join(reasons)
