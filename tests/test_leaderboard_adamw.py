@@ -179,3 +179,22 @@ def test_kernel_launch_and_copy(fresh_seed, monkeypatch, n, lowp):
     for got, want in ((p, want_p), (m, want_m), (v, want_v)):
         assert_close_in_ulps(got, want)
     assert torch.equal(out, p.to(lowp))
+
+
+def test_a_step_size_read_from_memory_gives_the_float_step_sizes_bits(fresh_seed):
+    # the kernel takes the step size as a float32 either way (an argument, or loaded from the tensor
+    # that a CUDA graph's replay reads); the torch path converts the tensor to its float
+    hyper = dict(lr=1e-3, eps=1e-8, weight_decay=0.05, beta1=0.9, beta2=0.95)
+    step_size = torch.tensor([1e-3 * math.sqrt(1 - 0.95**3) / (1 - 0.9**3)], dtype=torch.float32)
+    results = []
+    for given in (step_size.item(), step_size):
+        torch.manual_seed(fresh_seed)
+        p, g, m, v = (torch.randn(3000) for _ in range(4))
+        v = v.abs()
+        copy = torch.empty(3000, dtype=torch.bfloat16)
+        fused_adamw_(p, g, m, v, step_size=given, out_lowp=copy, **hyper)
+        results.append((p, m, v, copy))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="one float32 element"):
+        fused_adamw_(p, g, m, v, step_size=step_size.double(), **hyper)

@@ -52,7 +52,10 @@ def assert_close_to_plain(plain, optimized, loss_rtol: float, max_flipped: float
 
 @pytest.mark.parametrize("techniques", [(), ("fused_adamw",), ("fused_adamw", "fused_elementwise"),
                                         ("fused_adamw", "bf16_weights"),
-                                        ("fused_adamw", "fused_elementwise", "bf16_weights")])
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights"),
+                                        ("fused_adamw", "adamw_in_backward"),
+                                        ("fused_adamw", "bf16_weights", "adamw_in_backward"),
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "adamw_in_backward")])
 def test_optimized_step_matches_the_plain_step_on_cpu(techniques, fresh_seed):
     # On the CPU the fused ops are the model's torch ops and the fused AdamW is the reference's, and
     # bf16 weights through the model's forward are what autocast casts: bitwise the plain step. With
@@ -87,9 +90,37 @@ def test_bf16_weights_through_the_compiled_blocks_is_the_plain_step(fresh_seed):
     assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
 
 
+def test_adamw_in_the_backward_updates_each_parameter_once_its_gradient_is_final(fresh_seed):
+    # the hooks fire during the backward: the optimizer step is left with nothing to do, every
+    # parameter moved by the update of its own gradient (the plain step's, bitwise on the CPU), and a
+    # disarmed step (a graph's warm-up) moves nothing
+    spec = OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights", "adamw_in_backward"),
+                         compile="eager", seed=fresh_seed)
+    step = build_optimized_step(spec, "cpu")
+    before = {n: p.detach().clone() for n, p in step.model.named_parameters()}
+    step.in_backward.armed = False
+    step._forward_backward()  # as the graph's warm-up runs it: no step counted
+    assert all(torch.equal(p, before[n]) for n, p in step.model.named_parameters())
+    step.zero_grad()
+    step.in_backward.armed = True
+    calls = []
+    step.optimizer.step = lambda *a: calls.append(a)
+    step.forward_backward()
+    step.optimizer_step()
+    assert calls == []
+    states = [step.optimizer.state[p] for p in step.model.parameters()]
+    assert {s["step"] for s in states} == {1}
+    moved = [n for n, p in step.model.named_parameters() if not torch.equal(p, before[n])]
+    assert len(moved) == len(before)
+    for master, copy in step.optimizer.copies.items():
+        assert torch.equal(copy, master.detach().to(torch.bfloat16))
+
+
 def test_spec_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="needs fused_adamw"):
         OptimizedSpec("tiny", 32, techniques=("bf16_weights",))
+    with pytest.raises(ValueError, match="needs fused_adamw"):
+        OptimizedSpec("tiny", 32, techniques=("adamw_in_backward",))
     with pytest.raises(ValueError, match="whole-model compile"):
         OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights"), compile="full")
     with pytest.raises(ValueError, match="unknown techniques"):
@@ -132,7 +163,9 @@ def test_padding_the_head_dimension_compiles_in_one_graph():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
 @pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights"), ("cuda_graph",),
-                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights")])
+                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights"),
+                                        ("fused_adamw", "adamw_in_backward"),
+                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward")])
 def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
     # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
     # the compiled blocks), replayed from a CUDA graph or not, against the plain step compiled per block.

@@ -35,7 +35,8 @@ class OptimizedStepSettings:
     configuration: str
     """The name the report gives this point ("plain", "+ fused AdamW", ...)."""
     techniques: tuple[str, ...] = ()
-    """Speed-ups applied: any of fused_adamw | fused_elementwise | flash | bf16_weights | cuda_graph."""
+    """Speed-ups applied: any of fused_adamw | fused_elementwise | flash | bf16_weights | cuda_graph |
+    adamw_in_backward (`cs336sys.training.optimized.TECHNIQUES`)."""
     compile: str = "blocks"
     """torch.compile of the model's own forward (without fused_elementwise): eager | blocks | full."""
     batch_size: int | None = None

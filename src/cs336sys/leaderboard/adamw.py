@@ -4,7 +4,8 @@
 memory; `adamw_kernel` reads p, g, m, v once and writes p, m, v once, with the same math. The FSDP
 step keeps a bf16 copy of every fp32 master shard for its all-gathers; the kernel can write that
 copy (`out_lowp`) in the same pass instead of a separate cast. The bias correction and decay
-factor are Python floats computed on the host, as in the reference. The kernel runs on CUDA
+factor are Python floats computed on the host, as in the reference (the step size may instead be
+read from device memory, for launches a CUDA graph replays). The kernel runs on CUDA
 tensors, or on any tensors when TRITON_INTERPRET=1 was set before triton was imported; otherwise
 `fused_adamw_` does the same math with torch ops (the CPU path). Loads and stores use plain
 pointer arithmetic (no block pointers), so the module works across Triton versions.
@@ -39,7 +40,10 @@ def _round_to_bf16(x):
 
 @triton.jit
 def adamw_kernel(P, G, M, V, OUT, n, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps, decay,
-                 HAS_OUT: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr):
+                 HAS_OUT: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr,
+                 STEP_SIZE_IN_MEMORY: tl.constexpr = False):
+    if STEP_SIZE_IN_MEMORY:  # step_size points at the float32 value (a CUDA graph replays the launch)
+        step_size = tl.load(step_size)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     p = tl.load(P + offs, mask=mask, other=0.0).to(tl.float32)
@@ -68,14 +72,21 @@ def kernel_interpreted() -> bool:
     return not isinstance(adamw_kernel, JITFunction)
 
 
-def fused_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step_size: float,
+def fused_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step_size: float | Tensor,
                  lr: float, eps: float, weight_decay: float, beta1: float, beta2: float,
                  out_lowp: Tensor | None = None) -> None:
     """One AdamW update of `param`, `exp_avg`, `exp_avg_sq` in place (and `out_lowp` := the new param).
 
-    step_size is lr * sqrt(1 - beta2^t) / (1 - beta1^t). All tensors must be contiguous with as many
-    elements as param; grad may be in a lower precision than param (it is upcast).
+    step_size is lr * sqrt(1 - beta2^t) / (1 - beta1^t): a float, or a one-element float32 tensor on
+    param's device that the kernel reads when it runs (so a CUDA graph that captured the launch
+    takes each step's value). All tensors must be contiguous with as many elements as param; grad
+    may be in a lower precision than param (it is upcast).
     """
+    in_memory = isinstance(step_size, Tensor)
+    if in_memory and (step_size.numel() != 1 or step_size.dtype != torch.float32
+                      or step_size.device != param.device):
+        raise ValueError(f"a step_size tensor must be one float32 element on {param.device}, got "
+                         f"{step_size.dtype} {tuple(step_size.shape)} on {step_size.device}")
     tensors = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if out_lowp is not None:
         tensors["out_lowp"] = out_lowp
@@ -95,8 +106,11 @@ def fused_adamw_(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tenso
         adamw_kernel[grid](param, grad, exp_avg, exp_avg_sq, out_lowp if out_lowp is not None else param, n,
                            beta1, 1.0 - beta1, beta2, 1.0 - beta2, step_size, eps, decay,
                            HAS_OUT=out_lowp is not None,
-                           OUT_BF16=out_lowp is not None and out_lowp.dtype == torch.bfloat16, BLOCK=BLOCK)
+                           OUT_BF16=out_lowp is not None and out_lowp.dtype == torch.bfloat16, BLOCK=BLOCK,
+                           **({"STEP_SIZE_IN_MEMORY": True} if in_memory else {}))
         return
+    if in_memory:
+        step_size = step_size.item()
     # the reference's torch ops, so the CPU path is bitwise cs336sys.optim.AdamW
     adamw_update_(param, grad, exp_avg, exp_avg_sq, step_size=step_size, lr=lr, eps=eps, weight_decay=weight_decay,
                   beta1=beta1, beta2=beta2)

@@ -29,6 +29,11 @@ built by it. The techniques (`TECHNIQUES`; the benchmark's series in config/main
   Python, autograd and launches; the optimizer runs after it as before (its step size changes every
   step). The capture allocates every gradient, and each replay writes them afresh, so `zero_grad`
   keeps them (setting them to None would drop the graph's buffers). Needs a CUDA device.
+- `adamw_in_backward`: each parameter's fused AdamW update launched as soon as the backward has
+  accumulated its gradient (`BackwardAdamW`, a post-accumulate-grad hook), on a side stream on CUDA,
+  so that the optimizer's memory-bound passes run beside the rest of the backward's products instead
+  of after them; the optimizer step is then empty. With `cuda_graph` the graph captures the updates
+  too, their step size read from device memory (written before each replay). Needs `fused_adamw`.
 
 Exactness: under autocast a weight's gradient is the bf16 product's, upcast by the cast's backward,
 so `bf16_weights` computes the same gradients; the fused kernels round once where the model's ops
@@ -49,12 +54,12 @@ from torch.func import functional_call
 from cs336sys.dtypes import autocast
 from cs336sys.leaderboard.adamw import FusedAdamW, fused_adamw_
 from cs336sys.model import AttentionFn, TransformerBlock, TransformerLM
-from cs336sys.optim import cross_entropy
+from cs336sys.optim import adamw_step_size, cross_entropy
 from cs336sys.sizes import get_size
 from cs336sys.training.step import COMPILE, StepSpec, build_step
 
-TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph")
-NEEDS = {"bf16_weights": ("fused_adamw",)}
+TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph", "adamw_in_backward")
+NEEDS = {"bf16_weights": ("fused_adamw",), "adamw_in_backward": ("fused_adamw",)}
 FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
             "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
@@ -126,11 +131,79 @@ class MasterCopyAdamW(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 state["step"] += 1
-                t = state["step"]
-                step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-                fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
-                             lr=lr, eps=eps, weight_decay=wd, beta1=beta1, beta2=beta2, out_lowp=copy)
+                fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
+                             step_size=adamw_step_size(lr, beta1, beta2, state["step"]), lr=lr, eps=eps,
+                             weight_decay=wd, beta1=beta1, beta2=beta2, out_lowp=copy)
         return None
+
+
+class BackwardAdamW:
+    """The updates of `optimizer` (`FusedAdamW` or `MasterCopyAdamW`) made during the backward: each
+    parameter's `fused_adamw_` launched by a post-accumulate-grad hook on the tensor whose gradient
+    arrives (the parameter, or its bf16 copy), once the backward has accumulated that gradient, so
+    every node that reads the parameter has run. On CUDA the updates go to a side stream that first
+    waits for the backward's stream, and `join` (after the backward) makes that stream wait for them.
+    Each update is the optimizer step's for that parameter (the same kernel, state and step size), so
+    the parameters come out bitwise as `optimizer.step()` after the backward would leave them.
+
+    `begin_step()` before each forward+backward counts the step and writes each group's step size
+    into a device tensor the kernels read when they run, which a CUDA graph that captured them
+    needs (the step size changes every step); `armed` False skips the updates (a graph's warm-up)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: str):
+        if not isinstance(optimizer, FusedAdamW | MasterCopyAdamW):
+            raise TypeError(f"the updates in the backward are the fused AdamW's, not {type(optimizer).__name__}'s")
+        self.optimizer = optimizer
+        self.cuda = torch.device(device).type == "cuda"
+        self.side = torch.cuda.Stream(device) if self.cuda else None
+        self.armed = True
+        self.step_sizes = [torch.zeros(1, dtype=torch.float32, device=device) for _ in optimizer.param_groups]
+        self.step_size_values = [0.0] * len(optimizer.param_groups)
+        copies = getattr(optimizer, "copies", {})
+        lowp = getattr(optimizer, "_lowp", {})
+        self.hooks = []
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if not state:  # allocated now: a graph captures their addresses
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                leaf = copies.get(p, p)
+                out_lowp = copies.get(p, lowp.get(p))
+                self.hooks.append(leaf.register_post_accumulate_grad_hook(
+                    lambda leaf, g=g, p=p, out_lowp=out_lowp: self._update(g, p, leaf.grad, out_lowp)))
+
+    def begin_step(self) -> None:
+        for g, group in enumerate(self.optimizer.param_groups):
+            t = 0
+            for p in group["params"]:
+                state = self.optimizer.state[p]
+                state["step"] += 1
+                t = state["step"]
+            value = adamw_step_size(group["lr"], *group["betas"], t)
+            self.step_size_values[g] = value
+            self.step_sizes[g].fill_(value)
+
+    @torch.no_grad()
+    def _update(self, g: int, p: Tensor, grad: Tensor, out_lowp: Tensor | None) -> None:
+        if not self.armed:
+            return
+        group, state = self.optimizer.param_groups[g], self.optimizer.state[p]
+        hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], beta1=group["betas"][0],
+                     beta2=group["betas"][1], out_lowp=out_lowp)
+        if self.side is None:  # the CPU: in order, with the host's step size (the step's own float)
+            fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
+                         step_size=self.step_size_values[g], **hyper)
+            return
+        self.side.wait_stream(torch.cuda.current_stream(p.device))
+        with torch.cuda.stream(self.side):
+            fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=self.step_sizes[g],
+                         **hyper)
+
+    def join(self) -> None:
+        if self.side is not None:
+            torch.cuda.current_stream(self.side.device).wait_stream(self.side)
 
 
 @dataclass
@@ -150,6 +223,7 @@ class OptimizedStep:
     info: dict = field(default_factory=dict)
     graph: torch.cuda.CUDAGraph | None = None  # forward+backward, captured (cuda_graph)
     graph_loss: Tensor | None = None  # the captured loss, rewritten by each replay
+    in_backward: BackwardAdamW | None = None  # the optimizer's updates, made in the backward (adamw_in_backward)
 
     def _fused_logits(self) -> Tensor:
         from cs336sys.leaderboard.fused_block import fused_block_forward
@@ -179,16 +253,22 @@ class OptimizedStep:
             logits = self._fused_logits() if self.spec.uses("fused_elementwise") else self._model_logits()
             loss = cross_entropy(logits, self.targets)
         loss.backward()
+        if self.in_backward is not None:
+            self.in_backward.join()
         return loss.detach()
 
     def forward_backward(self) -> Tensor:
+        """The loss; with `adamw_in_backward` the parameters' updates too."""
+        if self.in_backward is not None:
+            self.in_backward.begin_step()
         if self.graph is None:
             return self._forward_backward()
         self.graph.replay()
         return self.graph_loss.clone()
 
     def optimizer_step(self) -> None:
-        self.optimizer.step()
+        if self.in_backward is None:  # (else the backward made the updates)
+            self.optimizer.step()
 
     def zero_grad(self) -> None:
         if self.graph is None:  # (a graph's next replay overwrites the gradients in its own buffers)
@@ -200,12 +280,16 @@ class OptimizedStep:
         graph allocates the gradients and each replay writes them."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
+        if self.in_backward is not None:
+            self.in_backward.armed = False
         with torch.cuda.stream(side):
             for _ in range(warmup):
                 self._forward_backward()
                 self._clear_grads()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self._clear_grads()
+        if self.in_backward is not None:
+            self.in_backward.armed = True
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.graph_loss = self._forward_backward()
@@ -340,6 +424,8 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
         head = bf16_copy(model.lm_head.weight)
     step = OptimizedStep(spec, model, plain.module, plain.optimizer, plain.tokens, plain.targets, device, blocks,
                          head, dict(plain.info))
+    if spec.uses("adamw_in_backward"):
+        step.in_backward = BackwardAdamW(plain.optimizer, device)
     if spec.uses("cuda_graph"):
         if torch.device(device).type != "cuda":
             raise ValueError(f"cuda_graph needs a CUDA device, not {device!r}")
