@@ -44,6 +44,7 @@ with the plain step within bf16 rounding (tests/test_optimized_step.py).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -161,7 +162,11 @@ class BackwardAdamW:
         self.step_size_values = [0.0] * len(optimizer.param_groups)
         copies = getattr(optimizer, "copies", {})
         lowp = getattr(optimizer, "_lowp", {})
+        self.targets: list[tuple[int, Tensor, Tensor | None]] = []  # (group, parameter, its low-precision copy)
         self.hooks = []
+        # a hook holds no tensor and only a weak reference to this object: the tensor it is registered on
+        # keeps its hooks, and a strong reference back would keep the model alive (CPU test)
+        this = weakref.ref(self)
         for g, group in enumerate(optimizer.param_groups):
             for p in group["params"]:
                 state = optimizer.state[p]
@@ -169,10 +174,9 @@ class BackwardAdamW:
                     state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                leaf = copies.get(p, p)
-                out_lowp = copies.get(p, lowp.get(p))
-                self.hooks.append(leaf.register_post_accumulate_grad_hook(
-                    lambda leaf, g=g, p=p, out_lowp=out_lowp: self._update(g, p, leaf.grad, out_lowp)))
+                self.targets.append((g, p, copies.get(p, lowp.get(p))))
+                self.hooks.append(copies.get(p, p).register_post_accumulate_grad_hook(
+                    lambda leaf, i=len(self.targets) - 1: this() and this()._update(i, leaf.grad)))
 
     def begin_step(self) -> None:
         for g, group in enumerate(self.optimizer.param_groups):
@@ -186,9 +190,10 @@ class BackwardAdamW:
             self.step_sizes[g].fill_(value)
 
     @torch.no_grad()
-    def _update(self, g: int, p: Tensor, grad: Tensor, out_lowp: Tensor | None) -> None:
+    def _update(self, i: int, grad: Tensor) -> None:
         if not self.armed:
             return
+        g, p, out_lowp = self.targets[i]
         group, state = self.optimizer.param_groups[g], self.optimizer.state[p]
         hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], beta1=group["betas"][0],
                      beta2=group["betas"][1], out_lowp=out_lowp)
