@@ -138,6 +138,17 @@ class MasterCopyAdamW(torch.optim.Optimizer):
         return None
 
 
+def _hook(this: weakref.ref, i: int) -> Callable[[Tensor], None]:
+    """`BackwardAdamW`'s hook for its i-th parameter (nothing once the object is gone)."""
+
+    def hook(leaf: Tensor) -> None:
+        updates = this()
+        if updates is not None:
+            updates._update(i, leaf.grad)
+
+    return hook
+
+
 class BackwardAdamW:
     """The updates of `optimizer` (`FusedAdamW` or `MasterCopyAdamW`) made during the backward: each
     parameter's `fused_adamw_` launched by a post-accumulate-grad hook on the tensor whose gradient
@@ -175,8 +186,8 @@ class BackwardAdamW:
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                 self.targets.append((g, p, copies.get(p, lowp.get(p))))
-                self.hooks.append(copies.get(p, p).register_post_accumulate_grad_hook(
-                    lambda leaf, i=len(self.targets) - 1: this() and this()._update(i, leaf.grad)))
+                hook = _hook(this, len(self.targets) - 1)
+                self.hooks.append(copies.get(p, p).register_post_accumulate_grad_hook(hook))
 
     def begin_step(self) -> None:
         for g, group in enumerate(self.optimizer.param_groups):
