@@ -233,6 +233,9 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     lines = ctx["table"].splitlines()
     assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
     assert lines[2].endswith("| 93.6 | 2.03 |") and lines[3].endswith("| 93.6 | 1.42 |")
+    # by size, the roofline and the fastest step over it share a column (tables take at most nine)
+    compact = ctx["compact"].splitlines()
+    assert compact[0].endswith("| roofline (ms; fastest ×) |") and compact[2].endswith("| 93.6 (1.42×) |")
     assert ctx["best"]["2.7B"]["fastest_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
     # verdicts decided here, not in the template: 133.0 / 93.57 = 1.42, outside the 2.7B's 1.2x
     assert ctx["best"]["2.7B"]["target"] == 1.2 and ctx["best"]["2.7B"]["met"] is False
