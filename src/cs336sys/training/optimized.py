@@ -160,7 +160,9 @@ class BackwardAdamW:
 
     `begin_step()` before each forward+backward counts the step and writes each group's step size
     into a device tensor the kernels read when they run, which a CUDA graph that captured them
-    needs (the step size changes every step); `armed` False skips the updates (a graph's warm-up)."""
+    needs (the step size changes every step); `armed` False skips the updates (a graph's warm-up).
+    Every parameter is taken to get a gradient in every backward (the model's all do): a step counts
+    for all of them, where `optimizer.step()` would skip a parameter without one."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: str):
         if not isinstance(optimizer, FusedAdamW | MasterCopyAdamW):
