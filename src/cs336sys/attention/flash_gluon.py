@@ -175,7 +175,8 @@ BACKWARD_VARIANTS = {
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, swap_ab=2),
          GluonBackwardTiles(128, 128, 3, 4, consumer_regs=240, swap_ab=2),  # FlashAttention-3's d 64 tiles: spills
          GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
-         # the persistent grid
+         # the persistent grid: 1.07-1.38x cuDNN's, slower (notes/flash_attention.md, "The d 128 backward
+         # takes L and D in the ring")
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True,
                             persistent=True)],
     128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True),
@@ -190,7 +191,7 @@ BACKWARD_VARIANTS = {
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, shared_ds=False),
           GluonBackwardTiles(64, 128, 2, 4, consumer_regs=240, tiles_first=False),
           GluonBackwardTiles(64, 128, 3, 8), GluonBackwardTiles(64, 128, 2, 8), GluonBackwardTiles(64, 64, 2, 4),
-          # the persistent grid
+          # the persistent grid: 1.48-1.87x cuDNN's, slower (the same notes)
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True,
                              persistent=True)],
 }
