@@ -18,7 +18,10 @@ Run on a Hopper GPU host (notes/flash_attention.md, "Gluon kernels (Hopper)", "G
    also through autograd.grad as cuDNN's. Each Gluon variant's dQ, dK, dV are compared with the `tl`
    backward's at that shape (max abs difference; no float64 there), after the float64 check of step 1
    at small shapes (dQ, dK, dV).
-Rows go to OUT/rows.jsonl; tables are printed last.
+Rows go to OUT/rows.jsonl; tables are printed last. A row timed by `bench` also carries the SM clock and
+power (medians of nvidia-smi's samples every 100 ms during its last timing, where nvidia-smi runs): a
+back-to-back timing holds an H100 at its 700 W cap, with the clock ~15 % under its unloaded one
+(notes/flash_attention.md, "The d 128 backward takes L and D in the ring").
 """
 
 from __future__ import annotations
@@ -103,7 +106,51 @@ ROWS: list[dict] = []
 OUT: Path
 
 
+class GpuSampler:
+    """nvidia-smi's SM clock and power every 100 ms in a thread, each sample stamped with the host's clock;
+    nothing where nvidia-smi does not run."""
+
+    def __init__(self) -> None:
+        import shutil
+        import subprocess
+        import threading
+
+        self.samples: list[tuple[float, float, float]] = []  # (time, MHz, W)
+        self.window: tuple[float, float] | None = None  # the last `bench` call's
+        self.process = None
+        if shutil.which("nvidia-smi") is None:
+            return
+        self.process = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+                                         "--format=csv,noheader,nounits", "-i", "0", "-lms", "100"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                mhz, watts = (float(x) for x in line.split(","))
+            except ValueError:  # "[N/A]" and the like
+                continue
+            self.samples.append((time.perf_counter(), mhz, watts))
+
+    def last_window(self) -> dict:
+        """The median SM clock and power over the last timing (empty without samples), then forgotten."""
+        window, self.window = self.window, None
+        if window is None:
+            return {}
+        inside = [(mhz, watts) for t, mhz, watts in self.samples if window[0] <= t <= window[1]]
+        if not inside:
+            return {}
+        return {"sm_clock_mhz": statistics.median(m for m, _ in inside),
+                "power_w": statistics.median(w for _, w in inside), "clock_samples": len(inside)}
+
+
+SAMPLER: GpuSampler | None = None
+
+
 def record(**row) -> dict:
+    if SAMPLER is not None and row.get("kind") != "env":
+        row.update(SAMPLER.last_window())
     ROWS.append(row)
     print(json.dumps(row), flush=True)
     with open(OUT / "rows.jsonl", "a") as f:
@@ -113,7 +160,11 @@ def record(**row) -> dict:
 
 def bench(fn) -> float:
     # about 25 calls at the 2026 shape (40-60 ms each), hundreds at the 2025 shape
-    return float(triton.testing.do_bench(fn, warmup=200, rep=1000, return_mode="median"))
+    start = time.perf_counter()
+    ms = float(triton.testing.do_bench(fn, warmup=200, rep=1000, return_mode="median"))
+    if SAMPLER is not None:
+        SAMPLER.window = (start, time.perf_counter())
+    return ms
 
 
 def check(tiles: GluonTiles, d: int) -> float:
@@ -351,7 +402,7 @@ def _backward_ways(shape_name: str) -> dict:
 
 
 def main() -> None:
-    global OUT
+    global OUT, SAMPLER
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="lb25,lb26")
@@ -379,6 +430,7 @@ def main() -> None:
     args = ap.parse_args()
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
+    SAMPLER = GpuSampler()
     if args.profile:
         return profile(args.shapes.split(","), args.profile.split(","))
     if args.order_check:
