@@ -161,6 +161,10 @@ def test_backward_tiles_cover_the_head_dims():
     (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, rotate=1, stats_smem=True), "in fragment order"),
     (GluonBackwardTiles(64, 128, 2, 4, stats_smem=True), "take the warp-specialised kernel"),
     (GluonBackwardTiles(64, 128, 2, 4, persistent=True), "take the warp-specialised kernel"),
+    (GluonBackwardTiles(64, 128, 2, 4, dq_full=True), "take the warp-specialised kernel"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, dq_full=True), "takes the rotated steps"),
+    (GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True,
+                        persistent=True, dq_full=True), "and the plain grid"),
 ])
 def test_bad_backward_tiles_are_refused(tiles, needle):
     assert needle in tiles.refusal(64)
@@ -404,8 +408,9 @@ def test_dq_in_register_order_matches_float64(lead, seq_q, seq_k, causal, d, fre
 @pytest.mark.parametrize("d,option", [
     (64, {"rotate": 3}), (64, {"stats_smem": True}), (128, {"stats_smem": True}), (64, {"persistent": True}),
     (64, {"stats_smem": True, "persistent": True}), (128, {"stats_smem": True, "persistent": True}),
+    (64, {"stats_smem": True, "dq_full": True}), (64, {"rotate": 2, "stats_smem": True, "dq_full": True}),
 ], ids=["ds_first", "stats_smem", "swapped_stats_smem", "persistent", "stats_smem_persistent",
-        "swapped_stats_smem_persistent"])
+        "swapped_stats_smem_persistent", "dq_full", "late_dq_full"])
 @pytest.mark.parametrize("lead,seq_q,seq_k,causal", [((1, 2), 512, 512, True), ((2,), 320, 200, True),
                                                      ((2,), 192, 448, False), ((3,), 208, 336, True),
                                                      ((3,), 257, 300, True), ((40, 4), 256, 256, True),
@@ -417,7 +422,7 @@ def test_rotation_variants_give_the_same_dk_and_dv_bits(lead, seq_q, seq_k, caus
     # and 257 here, the launcher loads them as the plain rotation does; at d 128 beside the default
     # swapped steps); the persistent grid runs each (key tile, head) as the plain grid does, in turn
     # (160 heads: more work items than SMs; 448 keys, causal, against 192 queries: key tiles no query
-    # sees):
+    # sees); dq_full adds each warpgroup's own keys' share of dQ at full width (dQ late, or not):
     # the same products in the same order per key tile, so dK and dV are the plain rotation's to the
     # bit (dQ is summed across CTAs in no fixed order)
     q, k, v = (torch.randn(*lead, n, d, device="cuda", dtype=torch.bfloat16) for n in (seq_q, seq_k, seq_k))

@@ -100,6 +100,8 @@ class GluonBackwardTiles:
     # seq_q is a multiple of 64: `flash_gluon_backward_ws.flash_backward_gluon_ws`)
     persistent: bool = False  # warp-specialised: at most one CTA an SM, each taking (key tile, head) items in
     # turn, in the plain grid's order
+    dq_full: bool = False  # rotated: each warpgroup's dQ share over its own 64 keys at full width (n64 products,
+    # 40 warpgroup MMAs a step, cuDNN's count) instead of half the columns over both halves of dS (n32, 48)
 
     def __str__(self) -> str:
         if self.consumer_regs:
@@ -110,7 +112,7 @@ class GluonBackwardTiles:
                        3: "/rotated-ds-first"}.get(self.rotate, f"/rotate={self.rotate}")
                     + {0: "", 1: "/swapped", 2: "/swapped-late-dv"}.get(self.swap_ab, f"/swap_ab={self.swap_ab}")
                     + ("/dq-fragments" if self.dq_fragments else "") + ("/stats-smem" if self.stats_smem else "")
-                    + ("/persistent" if self.persistent else ""))
+                    + ("/persistent" if self.persistent else "") + ("/dq-full" if self.dq_full else ""))
         return f"bwd q{self.block_m}/kv{self.block_n}/w{self.num_warps}/s{self.stages}"
 
     def refusal(self, d: int) -> str | None:
@@ -132,9 +134,12 @@ class GluonBackwardTiles:
                 return f"{self}: L and D in the ring take the rotated or the swapped steps"
             if self.stats_smem and not self.dq_fragments:
                 return f"{self}: L and D in the ring take the dQ workspace in fragment order (dq_fragments)"
+            if self.dq_full and (not self.rotate or self.persistent):
+                return f"{self}: dQ at full width takes the rotated steps and the plain grid"
             return None
-        if self.stats_smem or self.persistent:
-            return f"{self}: L and D in the ring and the persistent grid take the warp-specialised kernel"
+        if self.stats_smem or self.persistent or self.dq_full:
+            return (f"{self}: L and D in the ring, the persistent grid and dQ at full width take the "
+                    "warp-specialised kernel")
         if self.num_warps % 4 or self.block_n % (16 * self.num_warps):
             return f"{self}: whole warpgroups, 16 keys per warp"
         if self.block_m != 64:  # one warpgroup MMA high; keys, a multiple of 64, line up on the diagonal
@@ -178,7 +183,13 @@ BACKWARD_VARIANTS = {
          # the persistent grid: 1.07-1.38x cuDNN's, slower (notes/flash_attention.md, "The d 128 backward
          # takes L and D in the ring")
          GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True,
-                            persistent=True)],
+                            persistent=True),
+         # dQ at full width, not timed yet (compiled on the CPU): in the rotated steps ptxas serialises the
+         # warpgroup MMAs ("non wgmma instructions reading accumulator registers"), with dQ late it does not
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=1, dq_fragments=True, stats_smem=True,
+                            dq_full=True),
+         GluonBackwardTiles(64, 128, 4, 4, consumer_regs=240, rotate=2, dq_fragments=True, stats_smem=True,
+                            dq_full=True)],
     128: [GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True, stats_smem=True),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2, dq_fragments=True),
           GluonBackwardTiles(64, 128, 3, 4, consumer_regs=240, swap_ab=2),
@@ -337,7 +348,8 @@ def flash_attention_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         dq, dk, dv, handle = flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal, tiles.stages,
                                                      tiles.producer_regs, tiles.consumer_regs, tiles.shared_ds,
                                                      tiles.tiles_first, tiles.rotate, tiles.swap_ab, tiles.block_m,
-                                                     tiles.dq_fragments, tiles.stats_smem, tiles.persistent)
+                                                     tiles.dq_fragments, tiles.stats_smem, tiles.persistent,
+                                                     tiles.dq_full)
     else:
         dq, dk, dv, handle = flash_backward_gluon(q, k, v, out, lse, grad_out, is_causal, tiles.block_m,
                                                   tiles.block_n, tiles.stages, tiles.num_warps)

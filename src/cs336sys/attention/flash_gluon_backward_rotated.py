@@ -89,16 +89,25 @@ def _issue_previous_dk(dk, q_smem, ds_smem, ds_full, i, STAGES: gl.constexpr, W:
 
 
 @gluon.jit
-def _issue_previous_dq(k_smem, ds_smem, i, here, HEAD_DIM: gl.constexpr, W: gl.constexpr):
-    """Step i's dQ half, dS K[:, half w] over both halves of its dS (stored: `_issue_previous_dk` waited)."""
-    HALF: gl.constexpr = HEAD_DIM // 2
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF, 16])
+def _issue_previous_dq(k_smem, ds_smem, i, here, HEAD_DIM: gl.constexpr, W: gl.constexpr,
+                       DQ_FULL: gl.constexpr = False):
+    """Step i's dQ half, dS K[:, half w] over both halves of its dS (stored: `_issue_previous_dk` waited);
+    with DQ_FULL this warpgroup's share at full width, dS_w K_w over its own 64 keys."""
     b = i % 2
-    dq = warpgroup_mma(ds_smem.index(2 * b), k_smem.index(here).slice(W * HALF, HALF, dim=1),
-                       gl.zeros([ROWS, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
-    return warpgroup_mma(ds_smem.index(2 * b + 1), k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq,
-                         is_async=True)
+    if DQ_FULL:
+        full_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                              instr_shape=[16, HEAD_DIM, 16])
+        dq = warpgroup_mma(ds_smem.index(2 * b + W), k_smem.index(W + here),
+                           gl.zeros([ROWS, HEAD_DIM], gl.float32, full_layout), use_acc=False, is_async=True)
+    else:
+        HALF: gl.constexpr = HEAD_DIM // 2
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF, 16])
+        dq = warpgroup_mma(ds_smem.index(2 * b), k_smem.index(here).slice(W * HALF, HALF, dim=1),
+                           gl.zeros([ROWS, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
+        dq = warpgroup_mma(ds_smem.index(2 * b + 1), k_smem.index(1 + here).slice(W * HALF, HALF, dim=1), dq,
+                           is_async=True)
+    return dq
 
 
 @gluon.jit
@@ -132,10 +141,12 @@ def _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, s
 
 @gluon.jit
 def _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t, i, runtime_zero,
-                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, AFTER: gl.constexpr, W: gl.constexpr):
+                     HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, AFTER: gl.constexpr, W: gl.constexpr,
+                     DQ_FULL: gl.constexpr = False):
     """Wait for step i's dK and dQ (AFTER products issued since may still run), release its Q/dO slot
-    and its dS buffer, and add its dQ half (query tile t) to the workspace by TMA reduce-add."""
-    HALF: gl.constexpr = HEAD_DIM // 2
+    and its dS buffer, and add its dQ half (query tile t; DQ_FULL: its full-width share) to the
+    workspace by TMA reduce-add."""
+    HALF: gl.constexpr = 0 if DQ_FULL else HEAD_DIM // 2
     dk, dq = warpgroup_mma_wait(num_outstanding=AFTER, deps=(dk, dq))
     gl.thread_barrier()  # every warp's products of step i are done
     mbarrier.arrive(ds_free.index(i % 2), count=1)
@@ -164,7 +175,7 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
                    ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_from, t_to, t_lo, seq_q, seq_k, qk_scale,
                    sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
                    IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr, DS_FIRST: gl.constexpr = False,
-                   STATS_SMEM: gl.constexpr = False):
+                   STATS_SMEM: gl.constexpr = False, DQ_FULL: gl.constexpr = False):
     """Steps [t_from, t_to), each after a step already begun (t_from > t_lo): see the module docstring.
     LATE_DQ: the previous step's dQ is issued only once this step's dS is computed (fewer accumulators
     in flight at once: what d 128's registers allow), and this step's dS is stored under it."""
@@ -177,19 +188,19 @@ def _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
                                     qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 1, W,
                                     STATS_SMEM=STATS_SMEM)
-            dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
+            dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W, DQ_FULL)
             _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
             dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
-                                  HEAD_DIM, STAGES, 0, W)
+                                  HEAD_DIM, STAGES, 0, W, DQ_FULL)
         else:
-            dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W)
+            dq = _issue_previous_dq(k_smem, ds_smem, i - 1, here, HEAD_DIM, W, DQ_FULL)
             dv, ds = _softmax_grads(s, dp, dv, p_smem, do_smem, LSE, DELTA, q_row0, keys, t, i, seq_q, seq_k,
                                     qk_scale, sm_scale, here, STAGES, MASK, IS_CAUSAL, 3, W, STATS_SMEM)
             if DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t - 1, i - 1, runtime_zero,
-                                  HEAD_DIM, STAGES, 1, W)
+                                  HEAD_DIM, STAGES, 1, W, DQ_FULL)
             if not DS_FIRST:
                 _store_ds(ds, ds_smem, ds_full, ds_free, i, W)
             dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
@@ -201,7 +212,8 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
                            empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo, t_diag, t_free, t_hi,
                            seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, LATE_DQ: gl.constexpr, W: gl.constexpr,
-                           DS_FIRST: gl.constexpr = False, STATS_SMEM: gl.constexpr = False, i0=0):
+                           DS_FIRST: gl.constexpr = False, STATS_SMEM: gl.constexpr = False, i0=0,
+                           DQ_FULL: gl.constexpr = False):
     """Every step of this warpgroup's keys (query tiles [t_lo, t_hi); masked: [t_lo, t_diag) and
     [t_free, t_hi)): dK_w and dV_w, the dQ halves added to the workspace. Tile t is ring step
     i0 + t - t_lo (i0: the steps of the persistent kernel's earlier tiles)."""
@@ -218,21 +230,21 @@ def rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_s
                                 do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, first,
                                 gl.maximum(t_diag, first), origin, seq_q, seq_k, qk_scale, sm_scale, runtime_zero,
                                 HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                                STATS_SMEM=STATS_SMEM)
+                                STATS_SMEM=STATS_SMEM, DQ_FULL=DQ_FULL)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                 do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                 gl.maximum(t_diag, first), gl.maximum(t_free, first), origin, seq_q, seq_k, qk_scale,
                                 sm_scale, runtime_zero, HEAD_DIM, STAGES, False, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                                STATS_SMEM=STATS_SMEM)
+                                STATS_SMEM=STATS_SMEM, DQ_FULL=DQ_FULL)
         dk, dv = _rotated_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                 do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys,
                                 gl.maximum(t_free, first), t_hi, origin, seq_q, seq_k, qk_scale, sm_scale,
                                 runtime_zero, HEAD_DIM, STAGES, True, IS_CAUSAL, LATE_DQ, W, DS_FIRST,
-                                STATS_SMEM=STATS_SMEM)
+                                STATS_SMEM=STATS_SMEM, DQ_FULL=DQ_FULL)
         last = t_hi - 1 - t_lo + i0
         here = t_hi * runtime_zero
         dk = _issue_previous_dk(dk, q_smem, ds_smem, ds_full, last, STAGES, W)
-        dq = _issue_previous_dq(k_smem, ds_smem, last, here, HEAD_DIM, W)
+        dq = _issue_previous_dq(k_smem, ds_smem, last, here, HEAD_DIM, W, DQ_FULL)
         dk = _finish_previous(dk, dq, dq_smem, ds_free, empty_bars, dq_desc, q_row0, t_hi - 1, last, runtime_zero,
-                              HEAD_DIM, STAGES, 0, W)
+                              HEAD_DIM, STAGES, 0, W, DQ_FULL)
     return dk, dv

@@ -227,8 +227,10 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
               ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
               qk_scale, sm_scale, runtime_zero, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
               SHARED_DS: gl.constexpr, ROTATE: gl.constexpr, SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr,
-              W: gl.constexpr, STATS_SMEM: gl.constexpr = False, i0=0, kv_phase=0, kv_free=None):
-    """This warpgroup's dK and dV (dQ halves to the workspace). LSE and DELTA: pointers, or with
+              W: gl.constexpr, STATS_SMEM: gl.constexpr = False, DQ_FULL: gl.constexpr = False, i0=0, kv_phase=0,
+              kv_free=None):
+    """This warpgroup's dK and dV (dQ halves to the workspace; with DQ_FULL, rotated steps only, its own
+    keys' share of dQ at full width). LSE and DELTA: pointers, or with
     STATS_SMEM the shared buffers the producer fills. The persistent kernel's tiles after the first give
     i0 (the ring steps taken before), kv_phase (of K and V's barrier) and kv_free, the barrier on which
     the consumers release K and V once their last product has read them."""
@@ -251,7 +253,8 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar,
         dk, dv = rotated_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                         do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
                                         t_diag, t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM,
-                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, STATS_SMEM, i0)
+                                        STAGES, IS_CAUSAL, ROTATE == 2, W, ROTATE == 3, STATS_SMEM, i0,
+                                        DQ_FULL=DQ_FULL)
     else:
         dk, dv = _plain_consumer_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, q_bars,
                                        do_bars, empty_bars, ds_full, ds_free, dq_desc, LSE, DELTA, q_row0, keys, t_lo,
@@ -313,7 +316,7 @@ def _persistent_consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_sm
         _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars, empty_bars,
                   ds_full, ds_free, dq_desc, DK, DV, LSE, DELTA, bh, n0, t_lo, t_diag, t_free, t_hi, seq_q, seq_k,
                   qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL, SHARED_DS, ROTATE, SWAP_AB, BLOCK_M,
-                  W, STATS_SMEM, i0, count & 1, kv_free)
+                  W, STATS_SMEM, False, i0, count & 1, kv_free)
         i0 += t_hi - t_lo
         count += 1
 
@@ -324,7 +327,8 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
                                    IS_CAUSAL: gl.constexpr, SHARED_DS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                                    CONSUMER_REGS: gl.constexpr, TILES_FIRST: gl.constexpr, ROTATE: gl.constexpr,
                                    SWAP_AB: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr,
-                                   STATS_SMEM: gl.constexpr = False, PERSISTENT: gl.constexpr = False):
+                                   STATS_SMEM: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
+                                   DQ_FULL: gl.constexpr = False):
     """Grid (key tiles of 128, batch*heads) with TILES_FIRST, else (batch*heads, key tiles). dq_desc: the
     zeroed fp32 workspace (batch*heads*seq_q, HEAD_DIM) in blocks of 64 rows x HEAD_DIM / 2 (or
     HEAD_DIM without SHARED_DS, or with BLOCK_M 128, where each warpgroup adds 64 rows of dQ), or, not
@@ -333,12 +337,14 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
     to the (batch*heads*seq_q) L and D, or with STATS_SMEM TMA descriptors of (batch*heads, seq_q)
     views of them in blocks of 1 x BLOCK_M (the producer loads each step's rows into the ring beside Q
     and dO; rows past seq_q read as 0). PERSISTENT: a 1-D grid of at most one CTA an SM, each taking the
-    work items (key tile, head) w, w + grid, ... (`_tile_of`)."""
+    work items (key tile, head) w, w + grid, ... (`_tile_of`). DQ_FULL (rotated steps, not persistent):
+    each warpgroup adds its own keys' share of dQ at full width (dq_desc's blocks HEAD_DIM wide)."""
     gl.static_assert(num_warps == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(SHARED_DS or not ROTATE, "the rotated steps share dS between the warpgroups")
     gl.static_assert(not (SWAP_AB and (ROTATE or not SHARED_DS)), "the swapped steps share dS and are not rotated")
     gl.static_assert((BLOCK_M == 64) or (SWAP_AB != 0), "steps of 128 queries take the swapped consumer")
     gl.static_assert(not STATS_SMEM or ROTATE != 0 or SWAP_AB != 0, "L and D in the ring: rotated or swapped steps")
+    gl.static_assert(not DQ_FULL or (ROTATE != 0 and not PERSISTENT), "dQ at full width: rotated, not persistent")
     BLOCK_N: gl.constexpr = 2 * KEYS
     N_AXIS: gl.constexpr = 0 if TILES_FIRST else 1
     bh = gl.program_id(1 - N_AXIS)
@@ -416,14 +422,14 @@ def flash_backward_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK,
             (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars,
                          empty_bars, ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag,
                          t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL,
-                         SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 0, STATS_SMEM)),
+                         SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 0, STATS_SMEM, DQ_FULL)),
             (_producer, stats_loads if STATS_SMEM else (
                 q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, q_bars, do_bars,
                 empty_bars, bh * seq_k, bh * seq_q, n0, t_lo, t_hi - t_lo, STAGES, BLOCK_M)),
             (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bars, do_bars,
                          empty_bars, ds_full, ds_free, dq_desc, DK, DV, lse_in, delta_in, bh, n0, t_lo, t_diag,
                          t_free, t_hi, seq_q, seq_k, qk_scale, sm_scale, runtime_zero, HEAD_DIM, STAGES, IS_CAUSAL,
-                         SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 1, STATS_SMEM)),
+                         SHARED_DS, ROTATE, SWAP_AB, BLOCK_M, 1, STATS_SMEM, DQ_FULL)),
         ], [1, 4], [PRODUCER_REGS, CONSUMER_REGS])
 
 
@@ -442,7 +448,7 @@ def _aligned_rows(rows):
 def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages: int, producer_regs: int,
                             consumer_regs: int, shared_ds: bool = True, tiles_first: bool = True,
                             rotate: int = 0, swap_ab: int = 0, block_m: int = 64, dq_fragments: bool = False,
-                            stats_smem: bool = False, persistent: bool = False):
+                            stats_smem: bool = False, persistent: bool = False, dq_full: bool = False):
     """dQ, dK, dV by the warp-specialised kernel, for contiguous, 16-byte aligned (..., seq, d) tensors
     (as `flash_gluon_backward.flash_backward_gluon` takes them); the gradients and the kernel's handle.
     `dq_fragments`: the dQ workspace in the accumulators' register order, where seq_q is a multiple of 64
@@ -450,7 +456,8 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
     where the dQ workspace is in fragment order (else each consumer loads them from global memory: with
     the row-major workspace's stores, ptxas serialises the causal kernel's products, "insufficient
     register resources for the wgmma pipeline", Triton 3.6). `persistent`: one CTA an SM (at most), each
-    taking (key tile, head) work items in turn, every head's first key tile first."""
+    taking (key tile, head) work items in turn, in the plain grid's order. `dq_full` (rotated steps): each
+    warpgroup's share of dQ over its own keys at full width, not half the columns over both halves' dS."""
     import math
 
     import torch
@@ -475,7 +482,8 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale = 1.0 / math.sqrt(d)
     key_tiles = math.ceil(seq_k / (2 * KEYS.value))
-    dq_cols = d // 2 if shared_ds and block_m == ROWS.value else d  # each warpgroup's dQ tile: 64 rows x dq_cols
+    # each warpgroup's dQ tile: 64 rows x dq_cols
+    dq_cols = d // 2 if shared_ds and block_m == ROWS.value and not dq_full else d
     fragments = dq_fragments and seq_q % ROWS.value == 0
     stats_smem = stats_smem and fragments
     if fragments:
@@ -500,7 +508,7 @@ def flash_backward_gluon_ws(q, k, v, out, lse, grad_out, is_causal: bool, stages
         dq_view, dk, dv, lse_at, delta_at, seq_q, seq_k, sm_scale * LOG2E, sm_scale, 0, HEAD_DIM=d, STAGES=stages,
         IS_CAUSAL=is_causal, SHARED_DS=shared_ds, PRODUCER_REGS=producer_regs, CONSUMER_REGS=consumer_regs,
         TILES_FIRST=tiles_first, ROTATE=rotate, SWAP_AB=swap_ab, BLOCK_M=block_m, num_warps=4,
-        STATS_SMEM=stats_smem, **({"PERSISTENT": True} if persistent else {}))
+        STATS_SMEM=stats_smem, **({"PERSISTENT": True} if persistent else {}), **({"DQ_FULL": True} if dq_full else {}))
     if fragments:
         dq = torch.empty_like(q)
         dq_from_fragments_kernel[(bh * seq_q // ROWS.value, d // dq_cols)](dq_acc, dq, HEAD_DIM=d, COLS=dq_cols)
