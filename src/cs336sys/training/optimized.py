@@ -43,6 +43,7 @@ with the plain step within bf16 rounding (tests/test_optimized_step.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from collections.abc import Callable, Iterable
@@ -101,6 +102,15 @@ class OptimizedSpec:
         return technique in self.techniques
 
 
+def _adamw_state(state: dict, p: Tensor) -> dict:
+    """`state`, given AdamW's step count and moments (zero) if it has none yet."""
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+    return state
+
+
 class MasterCopyAdamW(torch.optim.Optimizer):
     """`FusedAdamW` over fp32 master parameters of which some are used, forward and backward, through
     bf16 copies: such a parameter's gradient is its copy's (bf16, upcast in the kernel), and the kernel
@@ -126,11 +136,7 @@ class MasterCopyAdamW(torch.optim.Optimizer):
                 grad = copy.grad if copy is not None else p.grad
                 if grad is None:
                     continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                state = _adamw_state(self.state[p], p)
                 state["step"] += 1
                 fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
                              step_size=adamw_step_size(lr, beta1, beta2, state["step"]), lr=lr, eps=eps,
@@ -168,8 +174,7 @@ class BackwardAdamW:
         if not isinstance(optimizer, FusedAdamW | MasterCopyAdamW):
             raise TypeError(f"the updates in the backward are the fused AdamW's, not {type(optimizer).__name__}'s")
         self.optimizer = optimizer
-        self.cuda = torch.device(device).type == "cuda"
-        self.side = torch.cuda.Stream(device) if self.cuda else None
+        self.side = torch.cuda.Stream(device) if torch.device(device).type == "cuda" else None
         self.armed = True
         self.step_sizes = [torch.zeros(1, dtype=torch.float32, device=device) for _ in optimizer.param_groups]
         self.step_size_values = [0.0] * len(optimizer.param_groups)
@@ -182,11 +187,7 @@ class BackwardAdamW:
         this = weakref.ref(self)
         for g, group in enumerate(optimizer.param_groups):
             for p in group["params"]:
-                state = optimizer.state[p]
-                if not state:  # allocated now: a graph captures their addresses
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                _adamw_state(optimizer.state[p], p)  # allocated now: a graph captures their addresses
                 self.targets.append((g, p, copies.get(p, lowp.get(p))))
                 hook = _hook(this, len(self.targets) - 1)
                 self.hooks.append(copies.get(p, p).register_post_accumulate_grad_hook(hook))
@@ -208,16 +209,15 @@ class BackwardAdamW:
             return
         g, p, out_lowp = self.targets[i]
         group, state = self.optimizer.param_groups[g], self.optimizer.state[p]
-        hyper = dict(lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"], beta1=group["betas"][0],
-                     beta2=group["betas"][1], out_lowp=out_lowp)
         if self.side is None:  # the CPU: in order, with the host's step size (the step's own float)
-            fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
-                         step_size=self.step_size_values[g], **hyper)
-            return
-        self.side.wait_stream(torch.cuda.current_stream(p.device))
-        with torch.cuda.stream(self.side):
-            fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=self.step_sizes[g],
-                         **hyper)
+            step_size, stream = self.step_size_values[g], contextlib.nullcontext()
+        else:
+            step_size, stream = self.step_sizes[g], torch.cuda.stream(self.side)
+            self.side.wait_stream(torch.cuda.current_stream(p.device))
+        with stream:
+            fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
+                         lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"],
+                         beta1=group["betas"][0], beta2=group["betas"][1], out_lowp=out_lowp)
 
     def join(self) -> None:
         if self.side is not None:
