@@ -168,6 +168,27 @@ def test_padding_the_head_dimension_keeps_attention_and_its_gradients(fresh_seed
         pad_head_dim(only_pow2)(*(t[..., :1].expand(2, 3, 40, 200) for t in (q, k, v)))
 
 
+def test_attention_gets_the_heads_contiguous(fresh_seed):
+    # the heads as the model makes them: a transposed view of (batch, seq, heads, d)
+    q, k, v = (torch.randn(2, 40, 3, 64, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    layouts = []
+
+    def record(q, k, v):
+        layouts.append([t.is_contiguous() for t in (q, k, v)])
+        return naive_causal_attention(q, k, v)
+
+    views = [t.transpose(1, 2) for t in (q, k, v)]
+    assert not any(t.is_contiguous() for t in views)
+    out = pad_head_dim(record)(*views)
+    assert layouts == [[True, True, True]]
+    grad = torch.randn_like(out)
+    ref = naive_causal_attention(*views)
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad),
+                    strict=True):
+        torch.testing.assert_close(g, r)
+
+
 def test_padding_the_head_dimension_compiles_in_one_graph():
     # the "+ flash" configuration runs it inside blocks compiled with torch.compile
     q, k, v = (torch.randn(1, 2, 8, 80) for _ in range(3))

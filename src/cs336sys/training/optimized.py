@@ -390,12 +390,17 @@ def bf16_block_forward(block: TransformerBlock, params: dict[str, Tensor], x: Te
 def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
     """`attention` for any head dimension up to max(head_dims): q, k, v zero-padded to the next one it
     takes, and the output cut back. Zero columns add nothing to q k^T, and the padded output columns
-    are zero; q is scaled by sqrt(padded / d) so that the kernel's 1 / sqrt(padded) is 1 / sqrt(d)."""
+    are zero; q is scaled by sqrt(padded / d) so that the kernel's 1 / sqrt(padded) is 1 / sqrt(d).
+
+    q, k and v reach `attention` contiguous: the heads are a transposed view of the projections, and
+    the Triton kernels copy such a view into their layout, in the forward and again (the saved views)
+    in the backward. Made contiguous here, inside the compiled block, the copies of q and k are fused
+    into RoPE's kernel, and the autograd.Function saves the contiguous tensors."""
 
     def padded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         d = q.shape[-1]
         if d in head_dims:
-            return attention(q, k, v)
+            return attention(q.contiguous(), k.contiguous(), v.contiguous())
         wider = sorted(w for w in head_dims if w > d)  # (not min(..., default=): a graph break under compile)
         if not wider:
             raise ValueError(f"head dimension {d} is above the largest the attention takes ({max(head_dims)})")
