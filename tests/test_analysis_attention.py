@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from cs336sys.analysis import attention
+from cs336sys.analysis.attention_leaderboard import gluon
 from cs336sys.analysis.context import as_json
 from cs336sys.report import render_section
 from cs336sys.results import read_result
@@ -118,3 +120,39 @@ def test_span_prints_one_number_when_the_ends_agree():
     from cs336sys.report import _span
 
     assert _span((51.2, 51.2), 1) == "51.2" and _span((1.0, 2.5), 1) == "1.0 to 2.5"
+
+
+def test_each_leaderboard_ratio_has_the_clocks_it_was_timed_at(built):
+    """The SM clock of each point's forward+backward timing, where its result kept one, beside its ratios."""
+    paths, ctx = built
+    editions = {("flash_leaderboard", e["edition"], e["gpu"]): e for e in ctx.lb_editions}
+    gluon_editions = (ctx.lb_gluon or {}).get("editions", [])
+    editions |= {("flash_leaderboard_gluon", e["edition"], e["gpu"]): e for e in gluon_editions}
+    for p in paths:
+        problem = p.parent.parent.parent.name
+        if problem not in ("flash_leaderboard", "flash_leaderboard_gluon"):
+            continue
+        r = read_result(p)
+        if r["status"] != "ok":
+            continue
+        kept = r["metrics"].get("fwd_bwd_clocks") or {}
+        entry = editions[problem, r["settings"]["edition"], r["settings"]["gpu_model"]]
+        assert entry["clock_mhz"].get(r["settings"]["impl"]) == kept.get("sm_clock_mhz")
+
+
+def test_the_gluon_table_shows_clock_and_power_where_kept(tmp_path):
+    row = {"problem": "flash_leaderboard_gluon", "status": "ok", "edition": "2025", "gpu_model": "H100",
+           "env.gpu": "NVIDIA H100 80GB HBM3", "fwd_ms": 1.0, "bwd_ms": 3.0, "fwd_bwd_ms": 4.0}
+    frame = pd.DataFrame([
+        {**row, "impl": "sdpa_cudnn", "fwd_bwd_clocks": {"sm_clock_mhz": 1755.0, "power_w": 690.0}},
+        {**row, "impl": "gluon_bwd", "bwd_ms": 2.7, "fwd_bwd_ms": 3.7,
+         "fwd_bwd_clocks": {"sm_clock_mhz": 1680.0, "power_w": 698.6}},
+        {**row, "impl": "gluon", "fwd_bwd_clocks": {}},  # nvidia-smi gave nothing
+    ])
+    out = gluon(frame, tmp_path)
+    (entry,) = out["editions"]
+    assert entry["clock_mhz"] == {"sdpa_cudnn": 1755.0, "gluon_bwd": 1680.0}
+    assert entry["ratios"]["gluon_bwd"]["bwd"] == pytest.approx(0.9)
+    assert "| 3.700 | 1,680 | 699 |" in out["table"]  # clock and power printed whole, the CSV keeps them
+    assert (tmp_path / "leaderboard_gluon.csv").read_text().count("698.6") == 1
+    assert "SM clock (MHz)" in out["table"] and "power (W)" in out["table"]

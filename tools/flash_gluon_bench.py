@@ -57,6 +57,7 @@ from cs336sys.attention.flash_triton import (
     flash_attention_triton_forward,
 )
 from cs336sys.attention.naive import attention_logsumexp, naive_attention
+from cs336sys.gpu_clocks import ClockSampler
 from cs336sys.numerics import rel_err
 
 SHAPES = {"lb25": (16, 16384, 64), "lb26": (1, 32, 32768, 128)}
@@ -106,51 +107,15 @@ ROWS: list[dict] = []
 OUT: Path
 
 
-class GpuSampler:
-    """nvidia-smi's SM clock and power every 100 ms in a thread, each sample stamped with the host's clock;
-    nothing where nvidia-smi does not run."""
-
-    def __init__(self) -> None:
-        import shutil
-        import subprocess
-        import threading
-
-        self.samples: list[tuple[float, float, float]] = []  # (time, MHz, W)
-        self.window: tuple[float, float] | None = None  # the last `bench` call's
-        self.process = None
-        if shutil.which("nvidia-smi") is None:
-            return
-        self.process = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                                         "--format=csv,noheader,nounits", "-i", "0", "-lms", "100"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                mhz, watts = (float(x) for x in line.split(","))
-            except ValueError:  # "[N/A]" and the like
-                continue
-            self.samples.append((time.perf_counter(), mhz, watts))
-
-    def last_window(self) -> dict:
-        """The median SM clock and power over the last timing (empty without samples), then forgotten."""
-        window, self.window = self.window, None
-        if window is None:
-            return {}
-        inside = [(mhz, watts) for t, mhz, watts in self.samples if window[0] <= t <= window[1]]
-        if not inside:
-            return {}
-        return {"sm_clock_mhz": statistics.median(m for m, _ in inside),
-                "power_w": statistics.median(w for _, w in inside), "clock_samples": len(inside)}
-
-
-SAMPLER: GpuSampler | None = None
+SAMPLER: ClockSampler | None = None
+WINDOW: tuple[float, float] | None = None  # the last `bench` call's host times
 
 
 def record(**row) -> dict:
-    if SAMPLER is not None and row.get("kind") != "env":
-        row.update(SAMPLER.last_window())
+    global WINDOW
+    if SAMPLER is not None and WINDOW is not None and row.get("kind") != "env":
+        row.update(SAMPLER.summary(*WINDOW))
+        WINDOW = None
     ROWS.append(row)
     print(json.dumps(row), flush=True)
     with open(OUT / "rows.jsonl", "a") as f:
@@ -161,9 +126,9 @@ def record(**row) -> dict:
 def bench(fn) -> float:
     # about 25 calls at the 2026 shape (40-60 ms each), hundreds at the 2025 shape
     start = time.perf_counter()
+    global WINDOW
     ms = float(triton.testing.do_bench(fn, warmup=200, rep=1000, return_mode="median"))
-    if SAMPLER is not None:
-        SAMPLER.window = (start, time.perf_counter())
+    WINDOW = (start, time.perf_counter())
     return ms
 
 
@@ -430,7 +395,7 @@ def main() -> None:
     args = ap.parse_args()
     OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
-    SAMPLER = GpuSampler()
+    SAMPLER = ClockSampler("cuda").start()
     if args.profile:
         return profile(args.shapes.split(","), args.profile.split(","))
     if args.order_check:

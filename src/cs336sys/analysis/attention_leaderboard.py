@@ -69,6 +69,25 @@ def gpu_label(r: pd.Series) -> str:
 
 GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",
                "gluon_bwd": "Gluon forward and backward"}
+CLOCK, POWER = "SM clock (MHz)", "power (W)"
+
+
+def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
+    """The median SM clock and power over a point's do_bench of `phase` (fwd_bwd | fwd): a table's two
+    columns, empty where the result has none (nvidia-smi absent, or measured before they were kept)."""
+    c = r.get(f"{phase}_clocks")
+    if not isinstance(c, dict) or not c:
+        return {}
+    return {CLOCK: c.get("sm_clock_mhz"), POWER: c.get("power_w")}
+
+
+def _whole_numbers(table: pd.DataFrame) -> pd.DataFrame:
+    """The table for print, clock and power without decimals (the CSV keeps what nvidia-smi gave)."""
+    shown = table.copy()
+    for col in (CLOCK, POWER):
+        if col in shown:
+            shown[col] = [f"{v:,.0f}" if isinstance(v, float | int) and v == v else "" for v in shown[col]]
+    return shown
 
 
 def gluon(df: pd.DataFrame, out: Path) -> dict | None:
@@ -85,18 +104,19 @@ def gluon(df: pd.DataFrame, out: Path) -> dict | None:
             rows.append({"GPU": gpu, "leaderboard": edition, "implementation": GLUON_IMPLS.get(r["impl"], r["impl"]),
                          "status": r["status"], "forward (ms)": r.get("fwd_ms") if good else None,
                          "backward (ms)": r.get("bwd_ms") if good else None,
-                         "fwd+bwd (ms)": r.get("fwd_bwd_ms") if good else None})
+                         "fwd+bwd (ms)": r.get("fwd_bwd_ms") if good else None, **(clocks(r) if good else {})})
         ratios = {}
         if "sdpa_cudnn" in ok.index:
             base = ok.loc["sdpa_cudnn"]
             ratios = {impl: {p: float(ok.loc[impl, f"{p}_ms"] / base[f"{p}_ms"]) for p in ("fwd", "bwd", "fwd_bwd")}
                       for impl in ok.index if impl != "sdpa_cudnn"}
-        editions.append({"gpu": gpu, "edition": edition, "ratios": ratios})
+        editions.append({"gpu": gpu, "edition": edition, "ratios": ratios,
+                         "clock_mhz": {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}})
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
-    return {"table": save_table(table, out, "leaderboard_gluon", digits=3), "editions": editions,
-            "gpus": sorted(set(df["gpu"]))}
+    return {"table": save_table(_whole_numbers(table), out, "leaderboard_gluon", digits=3, data=table),
+            "editions": editions, "gpus": sorted(set(df["gpu"]))}
 
 
 def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms: dict) -> None:
@@ -118,7 +138,7 @@ def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms
                          "backward (ms)": r.get("bwd_ms") if good else None,
                          "fwd+bwd (ms)": r.get("fwd_bwd_ms") if good else None,
                          "forward TFLOP/s": r.get("fwd_tflops") if good else None,
-                         "backward TFLOP/s": r.get("bwd_tflops") if good else None})
+                         "backward TFLOP/s": r.get("bwd_tflops") if good else None, **(clocks(r) if good else {})})
             if good and r["impl"] in ("ours", "sdpa_cudnn"):
                 kernel_rows += [{"GPU": gpu, "leaderboard": edition, "implementation": LB_IMPLS[r["impl"]], **k}
                                 for k in _kernels(r)]
@@ -131,12 +151,14 @@ def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms
                                for impl in ok.index if impl != "ours"}
             entry["tiles"] = {k: ours.get(k) for k in ("forward_tiles", "backward_tiles")
                               if isinstance(ours.get(k), str)}
+        entry["clock_mhz"] = {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}
         editions.append(entry)
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
-    # printed: ours against cuDNN and FlashAttention-2; the CSV also has SDPA's other backends
+    # printed: ours against cuDNN and FlashAttention-2; the CSV also has SDPA's other backends and the power
     shown = table[table["implementation"].isin([LB_IMPLS[k] for k in ("ours", "sdpa_cudnn", "sdpa_flash")])]
+    shown = _whole_numbers(shown.drop(columns=[POWER], errors="ignore"))
     ctx.lb_table = save_table(shown, out, "leaderboard", digits=3, data=table)
     ctx.lb_reference_ms, ctx.lb_editions = reference_ms, editions
     ctx.lb_dtype, ctx.lb_gpus = str(df.iloc[0]["dtype"]), sorted(set(df["gpu"]))

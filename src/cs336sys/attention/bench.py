@@ -22,6 +22,7 @@ import functools
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 
 from cs336sys.attention.naive import naive_attention
 from cs336sys.dtypes import torch_dtype
+from cs336sys.gpu_clocks import ClockSampler
 from cs336sys.jobs import Run, Unsupported
 from cs336sys.timing import summarize_ms, synchronize, time_steps
 
@@ -407,7 +409,10 @@ def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
 def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               s: LeaderboardSettings, device: torch.device) -> dict:
     """`attend(q, k, v, causal)` at a leaderboard shape: do_bench medians of forward + backward and of
-    the forward alone, the backward as their difference, TFLOP/s, and on CUDA each kernel's time."""
+    the forward alone, the backward as their difference, TFLOP/s, and on CUDA each kernel's time and the
+    SM clock and power over each do_bench (`fwd_bwd_clocks`, `fwd_clocks`: `gpu_clocks.ClockSampler`'s
+    medians; empty where nvidia-smi does not run). The leaderboard's timings hold an H100 at its power
+    cap, with the clock 10-20 % under its unloaded one by an amount that differs between machines."""
 
     def forward_backward() -> None:
         attend(q, k, v, s.causal).sum().backward()
@@ -415,11 +420,15 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
     def forward() -> None:
         attend(q, k, v, s.causal)
 
-    fwd_bwd = _leaderboard_ms(forward_backward, device, [q, k, v])
-    fwd = _leaderboard_ms(forward, device)
+    windows: list[tuple[float, float]] = []
+    with ClockSampler(device) as clocks:
+        fwd_bwd = _leaderboard_ms(forward_backward, device, [q, k, v], windows)
+        fwd = _leaderboard_ms(forward, device, None, windows)
     flops = attention_flops(s.batch * (s.heads if s.layout == "bhsd" else 1), s.seq, s.seq, s.d, s.causal)
     metrics = {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "bwd_ms": fwd_bwd - fwd,
                "fwd_flops": flops["forward"], "bwd_flops": flops["backward"], "fwd_bwd_flops": flops["fwd_bwd"]}
+    if device.type == "cuda":
+        metrics["fwd_bwd_clocks"], metrics["fwd_clocks"] = (clocks.summary(*w) for w in windows)
     for part in ("fwd", "bwd", "fwd_bwd"):
         metrics[f"{part}_tflops"] = metrics[f"{part}_flops"] / (metrics[f"{part}_ms"] * 1e-3) / 1e12
     if device.type == "cuda":
@@ -441,14 +450,13 @@ LEADERBOARD_MIN_CALLS = 20
 
 
 def _leaderboard_ms(fn: Callable[[], None], device: torch.device,
-                    grad_to_none: list[torch.Tensor] | None = None) -> float:
+                    grad_to_none: list[torch.Tensor] | None = None,
+                    windows: list[tuple[float, float]] | None = None) -> float:
     """Median milliseconds per call of `fn`: `bench_ms` on the CPU; on CUDA do_bench after warm calls
     (LEADERBOARD_WARM_S seconds of them), with a budget of at least LEADERBOARD_MIN_CALLS calls (and
-    do_bench's warm-up of a quarter of it)."""
+    do_bench's warm-up of a quarter of it), whose host times (start, end) are appended to `windows`."""
     if device.type != "cuda":
         return bench_ms(fn, device, grad_to_none)
-    import time
-
     import triton.testing
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -466,8 +474,12 @@ def _leaderboard_ms(fn: Callable[[], None], device: torch.device,
     end.record()
     torch.cuda.synchronize(device)
     rep_ms = max(BENCH_REP_MS, LEADERBOARD_MIN_CALLS * start.elapsed_time(end))
-    return float(triton.testing.do_bench(fn, warmup=max(BENCH_WARMUP_MS, rep_ms / 4), rep=rep_ms,
-                                         grad_to_none=grad_to_none, return_mode="median"))
+    began = time.perf_counter()
+    ms = float(triton.testing.do_bench(fn, warmup=max(BENCH_WARMUP_MS, rep_ms / 4), rep=rep_ms,
+                                       grad_to_none=grad_to_none, return_mode="median"))
+    if windows is not None:
+        windows.append((began, time.perf_counter()))
+    return ms
 
 
 def _require_gpu_model(model: str, device: torch.device) -> None:
