@@ -421,7 +421,7 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
         attend(q, k, v, s.causal)
 
     windows: list[tuple[float, float]] = []
-    with ClockSampler(device) as clocks:
+    with ClockSampler(device, interval_ms=LEADERBOARD_CLOCK_MS) as clocks:
         fwd_bwd = _leaderboard_ms(forward_backward, device, [q, k, v], windows)
         fwd = _leaderboard_ms(forward, device, None, windows)
     flops = attention_flops(s.batch * (s.heads if s.layout == "bhsd" else 1), s.seq, s.seq, s.d, s.causal)
@@ -440,21 +440,26 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
 # forward+backward once, and the first call of a process (compiling its kernels) would set do_bench's
 # estimate of the call's time, hence how often it is repeated. So each measurement first runs the call
 # for LEADERBOARD_WARM_S seconds and at least LEADERBOARD_WARM_CALLS times (compiled, tuned), then times
-# at least LEADERBOARD_MIN_CALLS calls. The seconds are for the GPU's clocks: on an H100 a backward timed
-# first in a cool process ran 4-6 % faster than once the GPU had been busy for some seconds
-# (notes/flash_attention.md, "The order of measurement"), which favoured whichever implementation a job
-# timed first.
+# at least LEADERBOARD_MIN_CALLS calls and LEADERBOARD_MIN_MS milliseconds. The seconds are for the GPU's
+# clocks: on an H100 a backward timed first in a cool process ran 4-6 % faster than once the GPU had been
+# busy for some seconds (notes/flash_attention.md, "The order of measurement"), which favoured whichever
+# implementation a job timed first. The timed second holds the 2025 shape's few-millisecond calls by the
+# hundred (at 20 calls, a tenth of a second, the clock sampler took two samples inside it), and gives the
+# sampler (every LEADERBOARD_CLOCK_MS) some fifty.
 LEADERBOARD_WARM_CALLS = 3
 LEADERBOARD_WARM_S = 5.0
 LEADERBOARD_MIN_CALLS = 20
+LEADERBOARD_MIN_MS = 1000.0
+LEADERBOARD_CLOCK_MS = 20
 
 
 def _leaderboard_ms(fn: Callable[[], None], device: torch.device,
                     grad_to_none: list[torch.Tensor] | None = None,
                     windows: list[tuple[float, float]] | None = None) -> float:
     """Median milliseconds per call of `fn`: `bench_ms` on the CPU; on CUDA do_bench after warm calls
-    (LEADERBOARD_WARM_S seconds of them), with a budget of at least LEADERBOARD_MIN_CALLS calls (and
-    do_bench's warm-up of a quarter of it), whose host times (start, end) are appended to `windows`."""
+    (LEADERBOARD_WARM_S seconds of them), with a budget of at least LEADERBOARD_MIN_CALLS calls and
+    LEADERBOARD_MIN_MS (and do_bench's warm-up of a quarter of it), whose host times (start, end) are
+    appended to `windows`."""
     if device.type != "cuda":
         return bench_ms(fn, device, grad_to_none)
     import triton.testing
@@ -473,7 +478,7 @@ def _leaderboard_ms(fn: Callable[[], None], device: torch.device,
     fn()
     end.record()
     torch.cuda.synchronize(device)
-    rep_ms = max(BENCH_REP_MS, LEADERBOARD_MIN_CALLS * start.elapsed_time(end))
+    rep_ms = max(LEADERBOARD_MIN_MS, LEADERBOARD_MIN_CALLS * start.elapsed_time(end))
     began = time.perf_counter()
     ms = float(triton.testing.do_bench(fn, warmup=max(BENCH_WARMUP_MS, rep_ms / 4), rep=rep_ms,
                                        grad_to_none=grad_to_none, return_mode="median"))
