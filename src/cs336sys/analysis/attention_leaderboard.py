@@ -69,7 +69,7 @@ def gpu_label(r: pd.Series) -> str:
 
 GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",
                "gluon_bwd": "Gluon forward and backward"}
-CLOCK, POWER = "SM clock (MHz)", "power (W)"
+CLOCK, POWER = "clock (MHz)", "power (W)"
 
 
 def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
@@ -82,9 +82,9 @@ def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
 
 
 def _whole_numbers(table: pd.DataFrame) -> pd.DataFrame:
-    """The table for print, clock and power without decimals (the CSV keeps what nvidia-smi gave)."""
+    """The table for print, clock, power and TFLOP/s without decimals (the CSV keeps them whole)."""
     shown = table.copy()
-    for col in (CLOCK, POWER):
+    for col in (CLOCK, POWER, "forward TFLOP/s", "backward TFLOP/s"):
         if col in shown:
             shown[col] = [f"{v:,.0f}" if isinstance(v, float | int) and v == v else "" for v in shown[col]]
     return shown
@@ -156,9 +156,10 @@ def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
-    # printed: ours against cuDNN and FlashAttention-2; the CSV also has SDPA's other backends and the power
+    # printed: ours against cuDNN and FlashAttention-2; the CSV also has SDPA's other backends, the sum of
+    # forward and backward, and the power
     shown = table[table["implementation"].isin([LB_IMPLS[k] for k in ("ours", "sdpa_cudnn", "sdpa_flash")])]
-    shown = _whole_numbers(shown.drop(columns=[POWER], errors="ignore"))
+    shown = _whole_numbers(shown.drop(columns=[POWER, "fwd+bwd (ms)"], errors="ignore"))
     ctx.lb_table = save_table(shown, out, "leaderboard", digits=3, data=table)
     ctx.lb_reference_ms, ctx.lb_editions = reference_ms, editions
     ctx.lb_dtype, ctx.lb_gpus = str(df.iloc[0]["dtype"]), sorted(set(df["gpu"]))
