@@ -156,3 +156,16 @@ def test_the_gluon_table_shows_clock_and_power_where_kept(tmp_path):
     assert "| 3.700 | 1,680 | 699 |" in out["table"]  # clock and power printed whole, the CSV keeps them
     assert (tmp_path / "leaderboard_gluon.csv").read_text().count("698.6") == 1
     assert "clock (MHz)" in out["table"] and "power (W)" in out["table"]
+
+
+def test_a_small_rate_is_not_printed_as_zero(tmp_path):
+    # the CPU smoke grid's TFLOP/s are thousandths: printed whole they would read as nothing measured
+    row = {"problem": "flash_leaderboard_gluon", "status": "ok", "edition": "2025", "gpu_model": "any",
+           "fwd_ms": 1.0, "bwd_ms": 3.0, "fwd_bwd_ms": 4.0}
+    from cs336sys.analysis.attention_leaderboard import _whole_numbers
+
+    table = _whole_numbers(pd.DataFrame([{"forward TFLOP/s": 0.0023, "clock (MHz)": float("nan")},
+                                         {"forward TFLOP/s": 409.4, "clock (MHz)": 1935.0}]))
+    assert list(table["forward TFLOP/s"]) == ["0.0023", "409"]
+    assert list(table["clock (MHz)"]) == ["", "1,935"]
+    assert gluon(pd.DataFrame([{**row, "impl": "sdpa_cudnn"}]), tmp_path)["editions"][0]["clock_mhz"] == {}

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from cs336sys.analysis.common import save_table
+from cs336sys.analysis.formatting import fmt
 
 if TYPE_CHECKING:
     from cs336sys.analysis.attention import AttentionContext
@@ -82,11 +83,12 @@ def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
 
 
 def _whole_numbers(table: pd.DataFrame) -> pd.DataFrame:
-    """The table for print, clock, power and TFLOP/s without decimals (the CSV keeps them whole)."""
+    """The table for print, clock, power and TFLOP/s without decimals (a value under one half with two
+    significant digits, as `fmt` prints it); the CSV keeps them whole."""
     shown = table.copy()
     for col in (CLOCK, POWER, "forward TFLOP/s", "backward TFLOP/s"):
         if col in shown:
-            shown[col] = [f"{v:,.0f}" if isinstance(v, float | int) and v == v else "" for v in shown[col]]
+            shown[col] = [fmt(float(v), 0) if isinstance(v, float | int) else "" for v in shown[col]]
     return shown
 
 
