@@ -290,6 +290,40 @@ def test_gluon_matches_float64(lead, seq_q, seq_k, d, causal, dtype, backward, f
     assert all(e < TOLERANCE[dtype] for e in errors.values()), errors
 
 
+@pytest.mark.parametrize("backward", ["gluon", "tl"])
+@pytest.mark.parametrize("causal", [False, True])
+@on_hopper
+def test_the_course_attention_checks_hold_for_the_gluon_kernels(causal, backward, fresh_seed):
+    """What the course's FlashAttention tests check of the Triton implementation, asked of
+    `FlashAttentionGluon`: batch 4, 128 queries and keys, d 64 in the (batch, seq, d) layout; exactly one
+    saved tensor shaped (batch, queries), the natural-log L; O, L, then dQ, dK, dV within rtol = atol =
+    1e-2 of attention computed directly (scores masked to -1e6, as the course masks). The course feeds
+    float32, which the Gluon kernels refuse by name; here the inputs are bf16, and the reference runs
+    in float32 on the same values."""
+    batch, seq, d = 4, 128, 64
+    q, k, v = (torch.randn(batch, seq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn(batch, seq, d, device="cuda", dtype=torch.bfloat16)
+    out = FlashAttentionGluon.apply(q, k, v, causal, backward)
+    saved = [t for t in out.grad_fn.saved_tensors if t.shape == (batch, seq)]
+    assert len(saved) == 1
+
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    scores = q32 @ k32.transpose(-1, -2) / d**0.5
+    if causal:
+        position = torch.arange(seq, device="cuda")
+        scores = torch.where(position[:, None] >= position[None, :], scores, -1e6)
+    ref_out = torch.softmax(scores, dim=-1) @ v32
+    torch.testing.assert_close(out.float(), ref_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(saved[0], torch.logsumexp(scores, dim=-1), rtol=1e-2, atol=1e-2)
+    out.backward(grad_out)
+    ref_out.backward(grad_out.float())
+    for got, want in zip((q.grad, k.grad, v.grad), (q32.grad, k32.grad, v32.grad), strict=True):
+        torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    with pytest.raises(GluonUnsupported, match="bfloat16 or float16"):
+        FlashAttentionGluon.apply(q32, k32, v32, causal, backward)
+
+
 @on_hopper
 def test_gluon_writes_every_output(fresh_seed):
     """A ragged causal call must overwrite every element of O and L, wherever the allocator puts them:
