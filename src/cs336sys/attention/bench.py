@@ -411,8 +411,8 @@ def measure_leaderboard_point(attend: Callable, q: torch.Tensor, k: torch.Tensor
     """`attend(q, k, v, causal)` at a leaderboard shape: do_bench medians of forward + backward and of
     the forward alone, the backward as their difference, TFLOP/s, and on CUDA each kernel's time and the
     SM clock and power over each do_bench (`fwd_bwd_clocks`, `fwd_clocks`: `gpu_clocks.ClockSampler`'s
-    medians; empty where nvidia-smi does not run). The leaderboard's timings hold an H100 at its power
-    cap, with the clock 10-20 % under its unloaded one by an amount that differs between machines."""
+    medians; empty where nvidia-smi does not run). Under the leaderboard's load the clock falls below its
+    unloaded one by an amount that differs between machines and kernels (notes/flash_attention.md)."""
 
     def forward_backward() -> None:
         attend(q, k, v, s.causal).sum().backward()
