@@ -82,6 +82,11 @@ def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
     return {CLOCK: c.get("sm_clock_mhz"), POWER: c.get("power_w")}
 
 
+def _clock_by_impl(ok: pd.DataFrame) -> dict:
+    """impl -> the SM clock of its forward+backward timing, for the points (indexed by impl) that kept one."""
+    return {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}
+
+
 def _whole_numbers(table: pd.DataFrame) -> pd.DataFrame:
     """The table for print, clock, power and TFLOP/s without decimals (a value under one half with two
     significant digits, as `fmt` prints it); the CSV keeps them whole."""
@@ -113,7 +118,7 @@ def gluon(df: pd.DataFrame, out: Path) -> dict | None:
             ratios = {impl: {p: float(ok.loc[impl, f"{p}_ms"] / base[f"{p}_ms"]) for p in ("fwd", "bwd", "fwd_bwd")}
                       for impl in ok.index if impl != "sdpa_cudnn"}
         editions.append({"gpu": gpu, "edition": edition, "ratios": ratios,
-                         "clock_mhz": {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}})
+                         "clock_mhz": _clock_by_impl(ok)})
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
@@ -153,7 +158,7 @@ def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms
                                for impl in ok.index if impl != "ours"}
             entry["tiles"] = {k: ours.get(k) for k in ("forward_tiles", "backward_tiles")
                               if isinstance(ours.get(k), str)}
-        entry["clock_mhz"] = {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}
+        entry["clock_mhz"] = _clock_by_impl(ok)
         editions.append(entry)
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
