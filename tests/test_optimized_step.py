@@ -8,6 +8,7 @@ import torch
 
 from cs336sys.accounting.roofline import step_bytes, step_roofline
 from cs336sys.attention.naive import naive_causal_attention
+from cs336sys.dtypes import autocast
 from cs336sys.sizes import ModelSize, parameter_count
 from cs336sys.training.optimized import TECHNIQUES, OptimizedSpec, build_optimized_step, pad_head_dim
 from cs336sys.training.step import StepSpec, build_step
@@ -55,15 +56,20 @@ def assert_close_to_plain(plain, optimized, loss_rtol: float, max_flipped: float
                                         ("fused_adamw", "fused_elementwise", "bf16_weights"),
                                         ("fused_adamw", "adamw_in_backward"),
                                         ("fused_adamw", "bf16_weights", "adamw_in_backward"),
-                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "adamw_in_backward")])
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "adamw_in_backward"),
+                                        ("fused_adamw", "bf16_weights", "fused_projections"),
+                                        ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections"),
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "adamw_in_backward",
+                                         "fused_projections")])
 def test_optimized_step_matches_the_plain_step_on_cpu(techniques, fresh_seed):
     # On the CPU the fused ops are the model's torch ops and the fused AdamW is the reference's, and
     # bf16 weights through the model's forward are what autocast casts: bitwise the plain step. With
     # the fused forward, bf16 weights sum a norm's three bf16 input gradients in bf16 (autocast
-    # upcasts each first), a rounding of the residual stream's gradient.
+    # upcasts each first), a rounding of the residual stream's gradient; joined projections sum them
+    # inside one product, rounded once.
     plain = two_steps_plain("tiny", 32, fresh_seed, "cpu")
     optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", techniques)
-    if not {"bf16_weights", "fused_elementwise"} <= set(techniques):
+    if not ({"bf16_weights", "fused_elementwise"} <= set(techniques) or "fused_projections" in techniques):
         assert plain[0] == optimized[0]
         assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
     assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
@@ -78,8 +84,55 @@ def test_bf16_weights_keeps_the_copies_equal_to_the_rounded_masters(fresh_seed):
     copies = step.optimizer.copies
     assert len(copies) == 7 * 2 + 1  # seven matrices per block, two blocks, the LM head
     for master, copy in copies.items():
-        assert copy.dtype == torch.bfloat16 and copy.grad is None
-        assert torch.equal(copy, master.detach().to(torch.bfloat16))
+        assert copy.leaf.dtype == torch.bfloat16 and copy.leaf.grad is None
+        assert torch.equal(copy.copy(), master.detach().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_fused_projections_stack_the_copies_and_read_each_gradient_as_its_rows(in_backward, fresh_seed):
+    # q, k, v share one bf16 leaf per block, w1 and w3 another; after two steps every master's rows of
+    # its leaf are the master rounded, and the backward's hooks are one per leaf, not per master
+    techniques = ("fused_adamw", "bf16_weights", "fused_projections") + (("adamw_in_backward",) if in_backward else ())
+    step = build_optimized_step(OptimizedSpec("tiny", 32, techniques=techniques, compile="eager", seed=fresh_seed),
+                                "cpu")
+    for _ in range(2):
+        step.run()
+    copies = step.optimizer.copies
+    leaves = {id(c.leaf): c.leaf for c in copies.values()}
+    assert len(copies) == 7 * 2 + 1 and len(leaves) == 4 * 2 + 1  # qkv, output, w13, w2 per block; the head
+    block = step.model.layers[0]
+    d, d_ff = block.attn.q_proj.weight.shape[1], block.ffn.w1.weight.shape[0]
+    assert step.block_params[0]["attn.qkv"].shape == (3 * d, d)
+    assert step.block_params[0]["ffn.w13"].shape == (2 * d_ff, d)
+    assert copies[block.attn.k_proj.weight].leaf is step.block_params[0]["attn.qkv"]
+    assert copies[block.attn.k_proj.weight].rows == slice(d, 2 * d)
+    assert copies[block.ffn.w3.weight].rows == slice(d_ff, 2 * d_ff)
+    for master, copy in copies.items():
+        assert torch.equal(copy.copy(), master.detach().to(torch.bfloat16))
+    if in_backward:
+        assert len(step.in_backward.hooks) == len(leaves) + sum(  # + the fp32 parameters' own
+            1 for p in step.model.parameters() if p not in copies)
+
+
+def test_fused_projections_issue_one_product_per_joined_weight(fresh_seed, monkeypatch):
+    # the forward multiplies by the joined weights: per block 4 products where the model issues 7
+    step = build_optimized_step(OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights",
+                                                                      "fused_projections"),
+                                              compile="eager", seed=fresh_seed), "cpu")
+    calls, matmul = [], torch.Tensor.__matmul__
+
+    def counting(a, b):
+        if b.ndim == 2:  # (a weight: not the naive attention's products of heads)
+            calls.append(b.shape)
+        return matmul(a, b)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", counting)
+    with torch.no_grad(), autocast("bf16", "cpu"):
+        step._model_logits()
+    monkeypatch.undo()
+    d = step.model.layers[0].attn.q_proj.weight.shape[1]
+    assert len(calls) == 4 * len(step.model.layers) + 1  # (+ the LM head)
+    assert calls[0] == (d, 3 * d)
 
 
 def test_bf16_weights_through_the_compiled_blocks_is_the_plain_step(fresh_seed):
@@ -88,6 +141,19 @@ def test_bf16_weights_through_the_compiled_blocks_is_the_plain_step(fresh_seed):
                                     compile_mode="blocks")
     assert plain[0] == optimized[0]
     assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
+
+
+def test_fused_projections_compile_one_graph_for_every_block(fresh_seed):
+    # compiled, the joined products stay within bf16 rounding of the plain compiled step, and Dynamo
+    # traced the block's function once: every block reuses its graph (no recompilation per block)
+    from torch._dynamo.utils import counters
+
+    plain = two_steps_plain("tiny", 32, fresh_seed, "cpu", compile_mode="blocks")
+    counters.clear()
+    optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", ("fused_adamw", "bf16_weights",
+                                                                    "fused_projections"), compile_mode="blocks")
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
 
 
 def test_adamw_in_the_backward_updates_each_parameter_once_its_gradient_is_final(fresh_seed):
@@ -113,11 +179,12 @@ def test_adamw_in_the_backward_updates_each_parameter_once_its_gradient_is_final
     moved = [n for n, p in step.model.named_parameters() if not torch.equal(p, before[n])]
     assert len(moved) == len(before)
     for master, copy in step.optimizer.copies.items():
-        assert torch.equal(copy, master.detach().to(torch.bfloat16))
+        assert torch.equal(copy.copy(), master.detach().to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("techniques", [("fused_adamw", "adamw_in_backward"),
-                                        ("fused_adamw", "bf16_weights", "adamw_in_backward")])
+                                        ("fused_adamw", "bf16_weights", "adamw_in_backward"),
+                                        ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections")])
 def test_a_dropped_step_frees_its_model_though_its_hooks_stay_on_the_parameters(techniques):
     # the benchmark builds one step per configuration in one process: a step kept alive by its hooks
     # held the "2.7B"'s model, optimizer state and graph, and the next configuration ran out of memory
@@ -137,6 +204,8 @@ def test_spec_rejects_what_it_cannot_run():
         OptimizedSpec("tiny", 32, techniques=("bf16_weights",))
     with pytest.raises(ValueError, match="needs fused_adamw"):
         OptimizedSpec("tiny", 32, techniques=("adamw_in_backward",))
+    with pytest.raises(ValueError, match="needs bf16_weights"):
+        OptimizedSpec("tiny", 32, techniques=("fused_adamw", "fused_projections"))
     with pytest.raises(ValueError, match="whole-model compile"):
         OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights"), compile="full")
     with pytest.raises(ValueError, match="unknown techniques"):
@@ -202,7 +271,9 @@ def test_padding_the_head_dimension_compiles_in_one_graph():
 @pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights"), ("cuda_graph",),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights"),
                                         ("fused_adamw", "adamw_in_backward"),
-                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward")])
+                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward"),
+                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
+                                         "fused_projections")])
 def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
     # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
     # the compiled blocks), replayed from a CUDA graph or not, against the plain step compiled per block.
@@ -254,9 +325,13 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     lines = ctx["table"].splitlines()
     assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
     assert lines[2].endswith("| 93.6 | 2.03 |") and lines[3].endswith("| 93.6 | 1.42 |")
-    # by size, the roofline and the fastest step over it share a column (tables take at most nine)
+    # one column per size, the series down the rows (a longer series keeps the table within nine columns),
+    # then the roofline and the fastest step over it
     compact = ctx["compact"].splitlines()
-    assert compact[0].endswith("| roofline (ms; fastest ×) |") and compact[2].endswith("| 93.6 (1.42×) |")
+    assert compact[0] == "| step (ms) | 2.7B |"
+    assert [line.split("|")[1].strip() for line in compact[2:]] == ["plain", "fused AdamW", "CUDA graph", "roofline",
+                                                                    "fastest × roofline"]
+    assert compact[2].endswith("| 190.0 |") and compact[-2].endswith("| 93.6 |") and compact[-1].endswith("| 1.42× |")
     assert ctx["best"]["2.7B"]["fastest_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
     # verdicts decided here, not in the template: 133.0 / 93.57 = 1.42, outside the 2.7B's 1.2x
     assert ctx["best"]["2.7B"]["target"] == 1.2 and ctx["best"]["2.7B"]["met"] is False

@@ -21,11 +21,13 @@ from cs336sys.analysis.common import figure, save_figure, save_table, size_key
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
           "fused_elementwise": "+ fused RMSNorm/SwiGLU/RoPE", "flash": "+ our FlashAttention-2",
           "bf16_weights": "+ bf16 weights kept across steps", "cuda_graph": "+ CUDA graph (forward+backward)",
-          "adamw_in_backward": "+ AdamW updates inside the backward"}
+          "adamw_in_backward": "+ AdamW updates inside the backward",
+          "fused_projections": "+ q/k/v and w1/w3 as one product each"}
 PROSE = {"fused_adamw": "the fused AdamW", "cuda_graph": "the CUDA graph", "flash": "our FlashAttention-2",
          "bf16_weights": "keeping bf16 weights",
          "fused_elementwise": "the fused RMSNorm/SwiGLU/RoPE kernels (eager blocks)",
-         "adamw_in_backward": "the AdamW updates inside the backward"}
+         "adamw_in_backward": "the AdamW updates inside the backward",
+         "fused_projections": "the joined projections"}
 # The step's target against its roofline: the "2.7B" within 1.2x, every other size that fits within 1.3x.
 TARGET_X_ROOFLINE = {"2.7B": 1.2}
 DEFAULT_TARGET_X_ROOFLINE = 1.3
@@ -109,20 +111,21 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
 
 SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA graph", "flash": "flash",
          "bf16_weights": "bf16 weights", "fused_elementwise": "fused elementwise",
-         "adamw_in_backward": "AdamW in backward"}
+         "adamw_in_backward": "AdamW in backward", "fused_projections": "joined projections"}
 
 
 def _compact(ok: pd.DataFrame) -> pd.DataFrame:
-    """One row per size: the step (ms) after each technique in the series' order, and the roofline with
-    the fastest step over it, in one column (the report's tables take at most nine)."""
-    rows = []
+    """One column per size (the report's tables take at most nine; the series grows down): the step
+    (ms) after each technique in the series' order, then the roofline and the fastest step over it."""
+    columns = {}
     for size, g in ok.groupby("size", sort=False):
-        row = {"size": size, **{f"{SHORT.get(c, c)} (ms)": t for c, t in zip(g.configuration, g.step_ms, strict=True)}}
         roof = g.roofline_ms.dropna()
         roofline = float(roof.iloc[0]) if not roof.empty else None
-        row["roofline (ms; fastest ×)"] = f"{roofline:.1f} ({g.step_ms.min() / roofline:.2f}×)" if roofline else ""
-        rows.append(row)
-    return pd.DataFrame(rows)
+        columns[size] = {**{SHORT.get(c, c): t for c, t in zip(g.configuration, g.step_ms, strict=True)},
+                         "roofline": roofline if roofline else "",
+                         "fastest × roofline": f"{g.step_ms.min() / roofline:.2f}×" if roofline else ""}
+    table = pd.DataFrame(columns)  # (rows in the order first seen: the series' order)
+    return table.rename_axis("step (ms)").reset_index()
 
 
 def _slower_than_before(ok: pd.DataFrame) -> dict[str, list[str]]:

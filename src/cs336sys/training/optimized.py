@@ -34,6 +34,13 @@ built by it. The techniques (`TECHNIQUES`; the benchmark's series in config/main
   so that the optimizer's memory-bound passes run beside the rest of the backward's products instead
   of after them; the optimizer step is then empty. With `cuda_graph` the graph captures the updates
   too, their step size read from device memory (written before each replay). Needs `fused_adamw`.
+- `fused_projections`: q, k and v's bf16 copies are row blocks of one matrix, as are w1's and w3's, so
+  each block multiplies by one (3 d_model, d_model) and one (2 d_ff, d_model) weight: one matmul where
+  there were three (two) in the forward, and in each of the backward's two products; the optimizer
+  reads each master's gradient as its rows of the matrix's and writes its rows of the copy. The
+  model's forward would issue the products one by one (Inductor does not merge them), so the blocks
+  run `projected_block`, the block's ops written out with the joined products (compiled once for
+  every block with compile "blocks"). Needs `bf16_weights`.
 
 Exactness: under autocast a weight's gradient is the bf16 product's, upcast by the cast's backward,
 so `bf16_weights` computes the same gradients; the fused kernels round once where the model's ops
@@ -55,16 +62,20 @@ from torch.func import functional_call
 
 from cs336sys.dtypes import autocast
 from cs336sys.leaderboard.adamw import FusedAdamW, fused_adamw_
-from cs336sys.model import AttentionFn, TransformerBlock, TransformerLM
+from cs336sys.model import AttentionFn, TransformerBlock, TransformerLM, silu
 from cs336sys.optim import adamw_step_size, cross_entropy
 from cs336sys.sizes import get_size
 from cs336sys.training.step import COMPILE, StepSpec, build_step
 
-TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph", "adamw_in_backward")
-NEEDS = {"bf16_weights": ("fused_adamw",), "adamw_in_backward": ("fused_adamw",)}
+TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph", "adamw_in_backward",
+              "fused_projections")
+NEEDS = {"bf16_weights": ("fused_adamw",), "adamw_in_backward": ("fused_adamw",),
+         "fused_projections": ("bf16_weights",)}
 FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
             "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
+JOINED = {"attn.qkv": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
+          "ffn.w13": ("ffn.w1.weight", "ffn.w3.weight")}  # fused_projections: one bf16 matrix, the masters' rows
 
 
 @dataclass(frozen=True)
@@ -111,13 +122,29 @@ def _adamw_state(state: dict, p: Tensor) -> dict:
     return state
 
 
+@dataclass(frozen=True, eq=False)
+class CopyRows:
+    """Where a master parameter's bf16 copy lives: rows `rows` of `leaf`, a bf16 leaf that requires grad
+    (all of it, unless `fused_projections` stacked several masters in it). The master's gradient is
+    the same rows of the leaf's."""
+
+    leaf: Tensor
+    rows: slice
+
+    def grad(self) -> Tensor | None:
+        return None if self.leaf.grad is None else self.leaf.grad[self.rows]
+
+    def copy(self) -> Tensor:
+        """The rows, outside autograd: what the optimizer's kernel writes."""
+        return self.leaf.detach()[self.rows]
+
+
 class MasterCopyAdamW(torch.optim.Optimizer):
     """`FusedAdamW` over fp32 master parameters of which some are used, forward and backward, through
     bf16 copies: such a parameter's gradient is its copy's (bf16, upcast in the kernel), and the kernel
-    writes the updated parameter into the copy in the same pass. `copies` maps master -> copy (a leaf
-    that requires grad)."""
+    writes the updated parameter into the copy in the same pass. `copies` maps master -> `CopyRows`."""
 
-    def __init__(self, params: Iterable[Tensor], copies: dict[Tensor, Tensor], lr: float = 1e-3,
+    def __init__(self, params: Iterable[Tensor], copies: dict[Tensor, CopyRows], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.copies = copies
@@ -125,7 +152,7 @@ class MasterCopyAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         for copy in self.copies.values():
-            copy.grad = None
+            copy.leaf.grad = None
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None):
@@ -133,24 +160,27 @@ class MasterCopyAdamW(torch.optim.Optimizer):
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
                 copy = self.copies.get(p)
-                grad = copy.grad if copy is not None else p.grad
+                grad = copy.grad() if copy is not None else p.grad
                 if grad is None:
                     continue
                 state = _adamw_state(self.state[p], p)
                 state["step"] += 1
                 fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"],
                              step_size=adamw_step_size(lr, beta1, beta2, state["step"]), lr=lr, eps=eps,
-                             weight_decay=wd, beta1=beta1, beta2=beta2, out_lowp=copy)
+                             weight_decay=wd, beta1=beta1, beta2=beta2,
+                             out_lowp=copy.copy() if copy is not None else None)
         return None
 
 
-def _hook(this: weakref.ref, i: int) -> Callable[[Tensor], None]:
-    """`BackwardAdamW`'s hook for its i-th parameter (nothing once the object is gone)."""
+def _hook(this: weakref.ref, targets: tuple[int, ...]) -> Callable[[Tensor], None]:
+    """`BackwardAdamW`'s hook for the parameters `targets` (indices) whose gradient is (part of) the
+    tensor's it is registered on (nothing once the object is gone)."""
 
     def hook(leaf: Tensor) -> None:
         updates = this()
         if updates is not None:
-            updates._update(i, leaf.grad)
+            for i in targets:
+                updates._update(i, leaf.grad)
 
     return hook
 
@@ -158,9 +188,10 @@ def _hook(this: weakref.ref, i: int) -> Callable[[Tensor], None]:
 class BackwardAdamW:
     """The updates of `optimizer` (`FusedAdamW` or `MasterCopyAdamW`) made during the backward: each
     parameter's `fused_adamw_` launched by a post-accumulate-grad hook on the tensor whose gradient
-    arrives (the parameter, or its bf16 copy), once the backward has accumulated that gradient, so
-    every node that reads the parameter has run. On CUDA the updates go to a side stream that first
-    waits for the backward's stream, and `join` (after the backward) makes that stream wait for them.
+    arrives (the parameter, or its bf16 copy: one hook for every master whose rows it holds), once the
+    backward has accumulated that gradient, so every node that reads the parameter has run. On CUDA the
+    updates go to a side stream that first waits for the backward's stream, and `join` (after the
+    backward) makes that stream wait for them.
     Each update is the optimizer step's for that parameter (the same kernel, state and step size), so
     the parameters come out bitwise as `optimizer.step()` after the backward would leave them.
 
@@ -180,17 +211,21 @@ class BackwardAdamW:
         self.step_size_values = [0.0] * len(optimizer.param_groups)
         copies = getattr(optimizer, "copies", {})
         lowp = getattr(optimizer, "_lowp", {})
-        self.targets: list[tuple[int, Tensor, Tensor | None]] = []  # (group, parameter, its low-precision copy)
-        self.hooks = []
-        # a hook holds no tensor and only a weak reference to this object: the tensor it is registered on
-        # keeps its hooks, and a strong reference back would keep the model alive (CPU test)
-        this = weakref.ref(self)
+        # (group, parameter, its low-precision copy, its rows of the gradient that arrives)
+        self.targets: list[tuple[int, Tensor, Tensor | None, slice]] = []
+        arrives: dict[int, tuple[Tensor, list[int]]] = {}  # id -> the tensor whose gradient arrives, its targets
         for g, group in enumerate(optimizer.param_groups):
             for p in group["params"]:
                 _adamw_state(optimizer.state[p], p)  # allocated now: a graph captures their addresses
-                self.targets.append((g, p, copies.get(p, lowp.get(p))))
-                hook = _hook(this, len(self.targets) - 1)
-                self.hooks.append(copies.get(p, p).register_post_accumulate_grad_hook(hook))
+                copy = copies.get(p)
+                leaf, out, rows = (copy.leaf, copy.copy(), copy.rows) if copy else (p, lowp.get(p), slice(None))
+                self.targets.append((g, p, out, rows))
+                arrives.setdefault(id(leaf), (leaf, []))[1].append(len(self.targets) - 1)
+        # a hook holds no tensor and only a weak reference to this object: the tensor it is registered on
+        # keeps its hooks, and a strong reference back would keep the model alive (CPU test)
+        this = weakref.ref(self)
+        self.hooks = [leaf.register_post_accumulate_grad_hook(_hook(this, tuple(targets)))
+                      for leaf, targets in arrives.values()]
 
     def begin_step(self) -> None:
         for g, group in enumerate(self.optimizer.param_groups):
@@ -207,7 +242,7 @@ class BackwardAdamW:
     def _update(self, i: int, grad: Tensor) -> None:
         if not self.armed:
             return
-        g, p, out_lowp = self.targets[i]
+        g, p, out_lowp, rows = self.targets[i]
         group, state = self.optimizer.param_groups[g], self.optimizer.state[p]
         if self.side is None:  # the CPU: in order, with the host's step size (the step's own float)
             step_size, stream = self.step_size_values[g], contextlib.nullcontext()
@@ -215,7 +250,7 @@ class BackwardAdamW:
             step_size, stream = self.step_sizes[g], torch.cuda.stream(self.side)
             self.side.wait_stream(torch.cuda.current_stream(p.device))
         with stream:
-            fused_adamw_(p, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
+            fused_adamw_(p, grad[rows].contiguous(), state["exp_avg"], state["exp_avg_sq"], step_size=step_size,
                          lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"],
                          beta1=group["betas"][0], beta2=group["betas"][1], out_lowp=out_lowp)
 
@@ -242,6 +277,7 @@ class OptimizedStep:
     graph: torch.cuda.CUDAGraph | None = None  # forward+backward, captured (cuda_graph)
     graph_loss: Tensor | None = None  # the captured loss, rewritten by each replay
     in_backward: BackwardAdamW | None = None  # the optimizer's updates, made in the backward (adamw_in_backward)
+    block_fn: Callable[..., Tensor] | None = None  # every block's forward over joined projections (fused_projections)
 
     def _fused_logits(self) -> Tensor:
         from cs336sys.leaderboard.fused_block import fused_block_forward
@@ -260,6 +296,14 @@ class OptimizedStep:
     def _model_logits(self) -> Tensor:
         if not self.spec.uses("bf16_weights"):
             return self.module(self.tokens)
+        if self.block_fn is not None:
+            model = self.model
+            x = model.token_embeddings(self.tokens)
+            rope = model.layers[0].attn.rope  # (every block's tables are the same)
+            cos, sin = rope.cos[: x.shape[-2]], rope.sin[: x.shape[-2]]
+            for params in self.block_params:
+                x = self.block_fn(x, *(params[name] for name in PROJECTED_BLOCK_INPUTS), cos, sin)
+            return model.ln_final(x) @ self.head_weight.T
         weights = {f"layers.{i}.{name}": p for i, params in enumerate(self.block_params)
                    for name, p in params.items() if name in MATRICES}
         # the blocks compiled in place (compile "blocks") see the copies as their inputs
@@ -377,14 +421,48 @@ def bf16_block_forward(block: TransformerBlock, params: dict[str, Tensor], x: Te
         return t.view(*lead, seq, attn.num_heads, attn.d_head).transpose(-3, -2)
 
     h = rms_norm_to(x, params["ln1.weight"], block.ln1.eps, torch.bfloat16)
-    q = rotary(heads(h @ params["attn.q_proj.weight"].T), cos, sin)
-    k = rotary(heads(h @ params["attn.k_proj.weight"].T), cos, sin)
-    v = heads(h @ params["attn.v_proj.weight"].T)
-    out = attn.attention(q, k, v).transpose(-3, -2).flatten(-2)
-    x = x + out @ params["attn.output_proj.weight"].T
+    if "attn.qkv" in params:  # (fused_projections)
+        q, k, v = (h @ params["attn.qkv"].T).split(x.shape[-1], dim=-1)
+    else:
+        q, k, v = (h @ params[name].T for name in JOINED["attn.qkv"])
+    out = attn.attention(rotary(heads(q), cos, sin), rotary(heads(k), cos, sin), heads(v))
+    x = x + out.transpose(-3, -2).flatten(-2) @ params["attn.output_proj.weight"].T
     h = rms_norm_to(x, params["ln2.weight"], block.ln2.eps, torch.bfloat16)
-    gate = silu_gate(h @ params["ffn.w1.weight"].T, h @ params["ffn.w3.weight"].T)
+    if "ffn.w13" in params:
+        gate = silu_gate(*(h @ params["ffn.w13"].T).chunk(2, dim=-1))
+    else:
+        gate = silu_gate(*(h @ params[name].T for name in JOINED["ffn.w13"]))
     return x + gate @ params["ffn.w2.weight"].T
+
+
+PROJECTED_BLOCK_INPUTS = ("ln1.weight", "attn.qkv", "attn.output_proj.weight", "ln2.weight", "ffn.w13",
+                          "ffn.w2.weight")  # `projected_block`'s weights, in its order
+
+
+def projected_block(block: TransformerBlock) -> Callable[..., Tensor]:
+    """`block`'s forward (`TransformerBlock.forward`'s ops) as a function of tensors only, with q, k and v
+    projected by one matmul over their joined weight (3 d_model, d_model) and w1, w3 by one over theirs
+    (2 d_ff, d_model), then split: f(x, *weights named by `PROJECTED_BLOCK_INPUTS`, cos, sin), with cos
+    and sin the rotary tables at the sequence's positions. The heads, norms' eps and attention are the
+    block's (the same in every block of a model), so one compiled function serves every block."""
+    attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
+
+    def forward(x: Tensor, ln1: Tensor, qkv: Tensor, output: Tensor, ln2: Tensor, w13: Tensor, w2: Tensor,
+                cos: Tensor, sin: Tensor) -> Tensor:
+        from cs336sys.leaderboard.fused_ops import rms_norm_reference, rotary_reference
+
+        *lead, seq, d = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(*lead, seq, num_heads, d // num_heads).transpose(-3, -2)
+
+        q, k, v = (rms_norm_reference(x, ln1, eps1) @ qkv.T).split(d, dim=-1)
+        out = attention(rotary_reference(heads(q), cos, sin), rotary_reference(heads(k), cos, sin), heads(v))
+        x = x + out.transpose(-3, -2).flatten(-2) @ output.T
+        a, b = (rms_norm_reference(x, ln2, eps2) @ w13.T).chunk(2, dim=-1)
+        return x + (silu(a) * b) @ w2.T
+
+    return forward
 
 
 def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
@@ -439,14 +517,30 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
     if spec.uses("bf16_weights"):
         copies = plain.optimizer.copies
 
-        def bf16_copy(p: Tensor) -> Tensor:
-            copies[p] = p.detach().to(torch.bfloat16).requires_grad_()
-            return copies[p]
+        def bf16_copy(*masters: Tensor) -> Tensor:
+            """One bf16 leaf holding `masters` as consecutive row blocks, each one's rows recorded."""
+            leaf = torch.cat([p.detach() for p in masters]).to(torch.bfloat16).requires_grad_()
+            start = 0
+            for p in masters:
+                copies[p] = CopyRows(leaf, slice(start, start + p.shape[0]))
+                start += p.shape[0]
+            return leaf
 
-        blocks = [{name: bf16_copy(p) if name in MATRICES else p for name, p in params.items()} for params in blocks]
+        joined = JOINED if spec.uses("fused_projections") else {}
+        stacked = {name for names in joined.values() for name in names}
+
+        def bf16_block(params: dict[str, Tensor]) -> dict[str, Tensor]:
+            kept = {name: p for name, p in params.items() if name not in MATRICES}
+            kept.update({name: bf16_copy(*(params[n] for n in names)) for name, names in joined.items()})
+            return kept | {name: bf16_copy(params[name]) for name in MATRICES if name not in stacked}
+
+        blocks = [bf16_block(params) for params in blocks]
         head = bf16_copy(model.lm_head.weight)
     step = OptimizedStep(spec, model, plain.module, plain.optimizer, plain.tokens, plain.targets, device, blocks,
                          head, dict(plain.info))
+    if spec.uses("fused_projections") and not spec.uses("fused_elementwise"):
+        forward = projected_block(model.layers[0])
+        step.block_fn = torch.compile(forward) if spec.compile == "blocks" else forward
     if spec.uses("adamw_in_backward"):
         step.in_backward = BackwardAdamW(plain.optimizer, device)
     if spec.uses("cuda_graph"):
