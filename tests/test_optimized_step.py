@@ -143,6 +143,46 @@ def test_bf16_weights_through_the_compiled_blocks_is_the_plain_step(fresh_seed):
     assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
 
 
+def test_the_projected_block_is_the_model_block_in_float64(fresh_seed):
+    # the joined products, RoPE over q, k and v at once (v by the zero angle) and the stacked layout give
+    # the block's output and the input's and weights' gradients, to float64 rounding
+    from cs336sys.model import build_model
+    from cs336sys.training.optimized import joined_rotary_tables, projected_block
+
+    model = build_model("tiny", 32, dtype=torch.float64)
+    block = model.layers[0]
+    x = torch.randn(2, 32, block.attn.q_proj.weight.shape[1], dtype=torch.float64, requires_grad=True)
+    joined = {"qkv": torch.cat([block.attn.q_proj.weight, block.attn.k_proj.weight, block.attn.v_proj.weight]),
+              "w13": torch.cat([block.ffn.w1.weight, block.ffn.w3.weight])}
+    joined = {name: w.detach().requires_grad_() for name, w in joined.items()}
+    tables = joined_rotary_tables(block.attn.rope.cos[:32], block.attn.rope.sin[:32])
+    out = projected_block(block)(x, block.ln1.weight, joined["qkv"], block.attn.output_proj.weight,
+                                 block.ln2.weight, joined["w13"], block.ffn.w2.weight, *tables)
+    grad = torch.randn_like(out)
+    dx, dqkv, dw13 = torch.autograd.grad(out, (x, joined["qkv"], joined["w13"]), grad)
+    expected = block(x)
+    ex, eq, ek, ev, e1, e3 = torch.autograd.grad(expected, (x, block.attn.q_proj.weight, block.attn.k_proj.weight,
+                                                            block.attn.v_proj.weight, block.ffn.w1.weight,
+                                                            block.ffn.w3.weight), grad)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dx, ex, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(dqkv, torch.cat([eq, ek, ev]), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(dw13, torch.cat([e1, e3]), rtol=1e-10, atol=1e-10)
+
+
+def test_the_joined_tables_leave_v_exactly_as_it_is(fresh_seed):
+    from cs336sys.leaderboard.fused_ops import rotary_reference
+    from cs336sys.training.optimized import joined_rotary_tables
+
+    cos, sin = torch.randn(16, 4), torch.randn(16, 4)
+    qkv = torch.randn(2, 16, 3, 5, 8, dtype=torch.bfloat16)
+    rotated = rotary_reference(qkv, *joined_rotary_tables(cos, sin))
+    assert torch.equal(rotated[:, :, 2], qkv[:, :, 2])
+    for i in (0, 1):  # q and k as the model rotates them, head by head
+        torch.testing.assert_close(rotated[:, :, i], rotary_reference(qkv[:, :, i].transpose(1, 2), cos, sin)
+                                   .transpose(1, 2), rtol=0, atol=0)
+
+
 def test_fused_projections_compile_one_graph_for_every_block(fresh_seed):
     # compiled, the joined products stay within bf16 rounding of the plain compiled step, and Dynamo
     # traced the block's function once: every block reuses its graph (no recompilation per block)

@@ -300,7 +300,7 @@ class OptimizedStep:
             model = self.model
             x = model.token_embeddings(self.tokens)
             rope = model.layers[0].attn.rope  # (every block's tables are the same)
-            cos, sin = rope.cos[: x.shape[-2]], rope.sin[: x.shape[-2]]
+            cos, sin = joined_rotary_tables(rope.cos[: x.shape[-2]], rope.sin[: x.shape[-2]])
             for params in self.block_params:
                 x = self.block_fn(x, *(params[name] for name in PROJECTED_BLOCK_INPUTS), cos, sin)
             return model.ln_final(x) @ self.head_weight.T
@@ -442,27 +442,38 @@ PROJECTED_BLOCK_INPUTS = ("ln1.weight", "attn.qkv", "attn.output_proj.weight", "
 def projected_block(block: TransformerBlock) -> Callable[..., Tensor]:
     """`block`'s forward (`TransformerBlock.forward`'s ops) as a function of tensors only, with q, k and v
     projected by one matmul over their joined weight (3 d_model, d_model) and w1, w3 by one over theirs
-    (2 d_ff, d_model), then split: f(x, *weights named by `PROJECTED_BLOCK_INPUTS`, cos, sin), with cos
-    and sin the rotary tables at the sequence's positions. The heads, norms' eps and attention are the
-    block's (the same in every block of a model), so one compiled function serves every block."""
+    (2 d_ff, d_model): f(x, *weights named by `PROJECTED_BLOCK_INPUTS`, cos, sin) for x of shape
+    (batch, seq, d_model), with cos and sin `joined_rotary_tables`. The heads, norms' eps and attention
+    are the block's (the same in every block of a model), so one compiled function serves every block.
+
+    q, k and v stay one tensor until the attention: RoPE rotates all three in one pass (v by the
+    identity), and one copy lays them out as three contiguous (batch, heads, seq, d_head) tensors for
+    it. The backward then stacks the attention's three gradients with a plain copy before RoPE's
+    backward, one pass over the joined gradient. Split first, Inductor gathers the three (two through
+    RoPE's backward) in one kernel with a branch per element, which cost more than the joined products
+    saved below "xl" (notes/runs/2026-11-27-h100-joined-projections)."""
     attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
 
     def forward(x: Tensor, ln1: Tensor, qkv: Tensor, output: Tensor, ln2: Tensor, w13: Tensor, w2: Tensor,
                 cos: Tensor, sin: Tensor) -> Tensor:
         from cs336sys.leaderboard.fused_ops import rms_norm_reference, rotary_reference
 
-        *lead, seq, d = x.shape
-
-        def heads(t: Tensor) -> Tensor:
-            return t.view(*lead, seq, num_heads, d // num_heads).transpose(-3, -2)
-
-        q, k, v = (rms_norm_reference(x, ln1, eps1) @ qkv.T).split(d, dim=-1)
-        out = attention(rotary_reference(heads(q), cos, sin), rotary_reference(heads(k), cos, sin), heads(v))
-        x = x + out.transpose(-3, -2).flatten(-2) @ output.T
+        batch, seq, d = x.shape
+        projected = (rms_norm_reference(x, ln1, eps1) @ qkv.T).view(batch, seq, 3, num_heads, d // num_heads)
+        # (batch, seq, 3, heads, d_head) -> three contiguous (batch, heads, seq, d_head)
+        q, k, v = rotary_reference(projected, cos, sin).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+        x = x + attention(q, k, v).transpose(1, 2).flatten(-2) @ output.T
         a, b = (rms_norm_reference(x, ln2, eps2) @ w13.T).chunk(2, dim=-1)
         return x + (silu(a) * b) @ w2.T
 
     return forward
+
+
+def joined_rotary_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """`projected_block`'s RoPE tables, (seq, 3, 1, d_head / 2) from the model's (seq, d_head / 2): q's and
+    k's angles, and v's zero angle (cos 1, sin 0), which leaves v as it is, exactly."""
+    return (torch.stack((cos, cos, torch.ones_like(cos)), dim=1).unsqueeze(2),
+            torch.stack((sin, sin, torch.zeros_like(sin)), dim=1).unsqueeze(2))
 
 
 def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
