@@ -116,14 +116,14 @@ SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA gra
 
 def _compact(ok: pd.DataFrame) -> pd.DataFrame:
     """One column per size (the report's tables take at most nine; the series grows down): the step
-    (ms) after each technique in the series' order, then the roofline with the fastest step over it."""
+    (ms) after each technique in the series' order, then the roofline (the section's text gives the
+    fastest step over it)."""
     columns = {}
     for size, g in ok.groupby("size", sort=False):
         roof = g.roofline_ms.dropna()
         roofline = float(roof.iloc[0]) if not roof.empty else None
-        over = f"{roofline:.1f} ({g.step_ms.min() / roofline:.2f}×)" if roofline else ""
         columns[size] = {**{SHORT.get(c, c): t for c, t in zip(g.configuration, g.step_ms, strict=True)},
-                         "roofline (fastest ×)": over}
+                         "roofline": roofline}
     table = pd.DataFrame(columns)  # (rows in the order first seen: the series' order)
     return table.rename_axis("step (ms)").reset_index()
 

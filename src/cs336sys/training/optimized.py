@@ -449,9 +449,9 @@ def projected_block(block: TransformerBlock) -> Callable[..., Tensor]:
     q, k and v stay one tensor until the attention: RoPE rotates all three in one pass (v by the
     identity), and one copy lays them out as three contiguous (batch, heads, seq, d_head) tensors for
     it. The backward then stacks the attention's three gradients with a plain copy before RoPE's
-    backward, one pass over the joined gradient. Split first, Inductor gathers the three (two through
-    RoPE's backward) in one kernel with a branch per element, which cost more than the joined products
-    saved below "xl" (notes/runs/2026-11-27-h100-joined-projections)."""
+    backward, one pass over the joined gradient. Split right after the product, Inductor gathered the
+    three (two through RoPE's backward) in one kernel that cost more than the joined products saved
+    below "xl" (notes/runs/2026-11-27-h100-joined-projections)."""
     attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
 
     def forward(x: Tensor, ln1: Tensor, qkv: Tensor, output: Tensor, ln2: Tensor, w13: Tensor, w2: Tensor,
