@@ -60,16 +60,21 @@ def assert_close_to_plain(plain, optimized, loss_rtol: float, max_flipped: float
                                         ("fused_adamw", "bf16_weights", "fused_projections"),
                                         ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections"),
                                         ("fused_adamw", "fused_elementwise", "bf16_weights", "adamw_in_backward",
-                                         "fused_projections")])
+                                         "fused_projections"),
+                                        ("fused_adamw", "bf16_weights", "compiled_loss"),
+                                        ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections",
+                                         "compiled_loss"),
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "compiled_loss")])
 def test_optimized_step_matches_the_plain_step_on_cpu(techniques, fresh_seed):
     # On the CPU the fused ops are the model's torch ops and the fused AdamW is the reference's, and
     # bf16 weights through the model's forward are what autocast casts: bitwise the plain step. With
     # the fused forward, bf16 weights sum a norm's three bf16 input gradients in bf16 (autocast
     # upcasts each first), a rounding of the residual stream's gradient; joined projections sum them
-    # inside one product, rounded once.
+    # inside one product, rounded once; the compiled loss reduces in Inductor's order.
     plain = two_steps_plain("tiny", 32, fresh_seed, "cpu")
     optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", techniques)
-    if not ({"bf16_weights", "fused_elementwise"} <= set(techniques) or "fused_projections" in techniques):
+    if not ({"bf16_weights", "fused_elementwise"} <= set(techniques)
+            or {"fused_projections", "compiled_loss"} & set(techniques)):
         assert plain[0] == optimized[0]
         assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
     assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
@@ -128,7 +133,7 @@ def test_fused_projections_issue_one_product_per_joined_weight(fresh_seed, monke
 
     monkeypatch.setattr(torch.Tensor, "__matmul__", counting)
     with torch.no_grad(), autocast("bf16", "cpu"):
-        step._model_logits()
+        step._loss()
     monkeypatch.undo()
     d = step.model.layers[0].attn.q_proj.weight.shape[1]
     assert len(calls) == 4 * len(step.model.layers) + 1  # (+ the LM head)
@@ -168,6 +173,28 @@ def test_the_projected_block_is_the_model_block_in_float64(fresh_seed):
     torch.testing.assert_close(dx, ex, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(dqkv, torch.cat([eq, ek, ev]), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(dw13, torch.cat([e1, e3]), rtol=1e-10, atol=1e-10)
+
+
+def test_the_compiled_loss_is_the_models_head_and_loss(fresh_seed):
+    # the final norm, the LM head and the cross-entropy as one compiled function: the model's loss and
+    # the gradients of the residual stream, the norm's weight and the head's, from a float64 model, to
+    # float32 rounding (the loss's own precision: cross_entropy upcasts to float32, not beyond)
+    from cs336sys.model import build_model
+    from cs336sys.optim import cross_entropy
+    from cs336sys.training.optimized import head_loss
+
+    model = build_model("tiny", 32, dtype=torch.float64)
+    x = torch.randn(2, 32, model.ln_final.weight.shape[0], dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, model.lm_head.weight.shape[0], (2, 32))
+    with torch.no_grad():
+        model.ln_final.weight.uniform_(0.5, 1.5)
+    inputs = (x, model.ln_final.weight, model.lm_head.weight)
+    torch._dynamo.reset()
+    loss = torch.compile(head_loss(model.ln_final.eps))(*inputs, targets)
+    ref = cross_entropy(model.lm_head(model.ln_final(x)), targets)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=0)
+    for g, r in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(ref, inputs), strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
 
 
 def test_the_joined_tables_leave_v_exactly_as_it_is(fresh_seed):
@@ -313,7 +340,7 @@ def test_padding_the_head_dimension_compiles_in_one_graph():
                                         ("fused_adamw", "adamw_in_backward"),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward"),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
-                                         "fused_projections")])
+                                         "fused_projections", "compiled_loss")])
 def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
     # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
     # the compiled blocks), replayed from a CUDA graph or not, against the plain step compiled per block.
