@@ -405,6 +405,17 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["spread_ms"] == {"eager": 8.0, "graph": 0.2}
     [row] = summary_rows(ctx)
     assert row["met"] is False and row["result"].startswith("1.42× its roofline (133.0 ms, from 190.0 ms plain)")
-    fast = {**ctx, "best": {"2.7B": {**ctx["best"]["2.7B"], "x_roofline": 1.19, "met": True},
-                            "xl": {**ctx["best"]["2.7B"], "x_roofline": 1.25, "target": 1.3, "met": True}}}
+    fast = {**ctx, "best": {"2.7B": {**ctx["best"]["2.7B"], "x_roofline": 1.19, "x_text": "1.19", "met": True},
+                            "xl": {**ctx["best"]["2.7B"], "x_roofline": 1.25, "x_text": "1.25", "target": 1.3,
+                                   "met": True}}}
     assert [r["met"] for r in summary_rows(fast)] == [True, True]
+    assert summary_rows(fast)[1]["result"] == "xl 1.25× their rooflines"
+
+
+def test_a_ratio_just_outside_its_target_is_not_printed_as_the_target():
+    from cs336sys.analysis.optimized_step import ratio_text
+
+    assert ratio_text(1.3049, 1.3) == "1.305" and ratio_text(1.30004, 1.3) == "1.30004"
+    assert ratio_text(1.3052, 1.3) == "1.31"
+    assert ratio_text(1.2951, 1.3) == "1.30"  # within: rounding onto the target says nothing wrong
+    assert ratio_text(1.42, 1.2) == "1.42" and ratio_text(1.1549, 1.2) == "1.15"
