@@ -1,0 +1,96 @@
+"""Leave some SMs to the AdamW updates that run beside the backward (a hand-run probe, not a result).
+
+    python tools/updates_overlap_probe.py large medium --carveouts 0 8 16 24 32 48
+
+Inside the optimised step's backward the updates (memory-bound, about 28 B per parameter) run on a side
+stream beside the products (compute-bound). A cuBLAS product takes every SM's registers, so the two
+share an SM only in turns, and the updates add most of their own time to the step (6.7 ms of about 10
+at "large" on one H100, notes/runs/2026-11-27-h100-dw-adamw). PyTorch's experimental SM carveout makes
+cuBLASLt target fewer SMs (`torch._C._set_sm_carveout_experimental`), which leaves the rest to whatever
+else is running: here, the updates. It reaches the cuBLASLt path only, so the probe prefers cuBLASLt
+for every product (`torch.backends.cuda.preferred_blas_library`), and first checks that the carveout
+takes effect: a bf16 8192-cube product timed with none and with half the SMs carved out.
+
+Then, per size and carveout, the series' best configuration (fused AdamW, CUDA graph, flash, bf16
+weights, AdamW inside the backward, joined projections, compiled loss) is built, captured and timed,
+CUDA-event median of 40 steps. It is timed once with its updates and once re-captured without them
+(forward+backward alone, which the carveout slows). The carveout in force at capture is the one the
+graph's products keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+
+import torch
+
+from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
+
+BEST = ("fused_adamw", "flash", "bf16_weights", "adamw_in_backward", "fused_projections", "compiled_loss")
+
+
+def median_ms(fn, repeats: int = 40, warmup: int = 10) -> float:
+    times = []
+    for i in range(warmup + repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def carve(sms: int) -> None:
+    torch._C._set_sm_carveout_experimental(sms or None)
+
+
+def check_carveout() -> None:
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    half = torch.cuda.get_device_properties(0).multi_processor_count // 2
+    for sms in (0, half):
+        carve(sms)
+        ms = median_ms(lambda: a @ b, repeats=20, warmup=5)
+        print(f"8192-cube bf16 product, {sms} SMs carved out: {ms:.3f} ms ({2 * 8192**3 / ms / 1e9:.0f} TFLOP/s)",
+              flush=True)
+    carve(0)
+
+
+def step_ms(size: str, sms: int, with_updates: bool) -> float:
+    torch._dynamo.reset()
+    carve(sms)
+    step = build_optimized_step(OptimizedSpec(size, 512, techniques=BEST), "cuda")
+    updates = step.in_backward
+    if not with_updates:  # the hooks do nothing, and nothing joins their stream
+        step.in_backward, updates.armed = None, False
+    step.capture()
+    step.in_backward = updates  # (the optimizer's own step stays empty; begin_step writes the step size)
+    ms = median_ms(step.run)
+    del step, updates
+    gc.collect()
+    torch.cuda.empty_cache()
+    carve(0)
+    return ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sizes", nargs="+")
+    parser.add_argument("--carveouts", nargs="+", type=int, default=[0, 8, 16, 24, 32, 48])
+    parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"])
+    args = parser.parse_args()
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    torch.backends.cuda.preferred_blas_library(args.blas)
+    check_carveout()
+    for size in args.sizes:
+        for sms in args.carveouts:
+            step, alone = step_ms(size, sms, True), step_ms(size, sms, False)
+            print(f"{size} carveout {sms:3d} SMs ({args.blas}): step {step:.2f} ms, forward+backward alone "
+                  f"{alone:.2f} ms, the updates add {step - alone:.2f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
