@@ -412,6 +412,27 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert summary_rows(fast)[1]["result"] == "xl 1.25× their rooflines"
 
 
+def test_a_configuration_is_slower_only_where_most_pairs_of_steps_say_so(tmp_path):
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step, slower_pairs
+
+    assert slower_pairs([1.0, 2.0], [3.0, 4.0]) == 1.0 and slower_pairs([3.0, 4.0], [1.0, 2.0]) == 0.0
+    assert slower_pairs([1.0, 3.0], [2.0, 3.0]) == 0.625  # 2 > 1, 3 > 1, ties 3 = 3 half, 2 < 3
+    base = (100 + torch.rand(10)).tolist()
+    shifted = [x + 0.05 for x in base]  # the median up, but the steps overlap: noise, not slower
+    steps = {"fused_adamw": base, "cuda_graph": shifted, "flash": [x + 2 for x in shifted]}
+    rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
+             "configuration": name, "techniques": techniques, "median_ms": float(torch.tensor(steps[name]).median()),
+             "std_ms": 1.0, "step_ms": steps[name], "env.gpu": "NVIDIA H100 80GB HBM3",
+             "phase_median_ms": {"forward_backward": 50.0, "optimizer_step": 50.0, "zero_grad": 0.0}}
+            for name, techniques in [("fused_adamw", ["fused_adamw"]), ("cuda_graph", ["fused_adamw", "cuda_graph"]),
+                                     ("flash", ["fused_adamw", "cuda_graph", "flash"])]]
+    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)
+    assert ctx["best"]["2.7B"]["fastest_ms"] == rows[0]["median_ms"]
+    assert ctx["slower"] == {"our FlashAttention-2": ["2.7B"]} and ctx["slower_pairs"] == 0.9
+
+
 def test_a_ratio_just_outside_its_target_is_not_printed_as_the_target():
     from cs336sys.analysis.optimized_step import ratio_text
 

@@ -32,6 +32,7 @@ PROSE = {"fused_adamw": "the fused AdamW", "cuda_graph": "the CUDA graph", "flas
 # The step's target against its roofline: the "2.7B" within 1.2x, every other size that fits within 1.3x.
 TARGET_X_ROOFLINE = {"2.7B": 1.2}
 DEFAULT_TARGET_X_ROOFLINE = 1.3
+SLOWER_PAIRS = 0.9  # "slower than the configuration before": in this fraction of pairs of timed steps at least
 
 
 def _copy_bandwidth(row) -> tuple[float | None, str]:
@@ -67,6 +68,7 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
             roof, source = _roofline_ms(r, matmul_flops_per_s)
             row.update({"forward_backward_ms": phases["forward_backward"], "optimizer_ms": phases["optimizer_step"],
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
+                        "steps": list(r["step_ms"]) if isinstance(r.get("step_ms"), list) else None,
                         "roofline_copy_source": source,
                         "gpu": r.get("env.gpu") or r.get("env.cpu")})
         rows.append(row)
@@ -78,7 +80,7 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                              zip(printed.step_ms, printed.roofline_ms.astype(float), strict=True)]
     printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
                                       "step_ms": "step (ms)", "roofline_ms": "roofline (ms)"})
-    printed = printed.drop(columns=["added", "std_ms", "graphed"], errors="ignore")
+    printed = printed.drop(columns=["added", "std_ms", "graphed", "steps"], errors="ignore")
     columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
                            "roofline (ms)", "x roofline"] if c in printed]
     optimized = {"table": save_table(printed[columns], out, "optimized_step", digits=1, data=data),
@@ -105,6 +107,7 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
             best[size]["x_text"] = None if x is None else ratio_text(x, best[size]["target"])
         optimized["best"] = best
         optimized["slower"] = _slower_than_before(ok)
+        optimized["slower_pairs"] = SLOWER_PAIRS
         if ok.graphed.any() and not ok.graphed.all():
             optimized["spread_ms"] = {"eager": float(ok[~ok.graphed].std_ms.max()),
                                       "graph": float(ok[ok.graphed].std_ms.max())}
@@ -131,14 +134,28 @@ def _compact(ok: pd.DataFrame) -> pd.DataFrame:
     return table.rename_axis("step (ms)").reset_index()
 
 
+def slower_pairs(before: list[float], after: list[float]) -> float:
+    """The fraction of pairs (one timed step of each) in which `after`'s step is the slower (ties half)."""
+    wins = sum(1.0 if b > a else 0.5 if b == a else 0.0 for a in before for b in after)
+    return wins / (len(before) * len(after))
+
+
 def _slower_than_before(ok: pd.DataFrame) -> dict[str, list[str]]:
-    """Per configuration, the sizes whose step it made slower than the configuration before it."""
+    """Per configuration, the sizes whose step it made slower than the configuration before it: in at
+    least `SLOWER_PAIRS` of the pairs of their timed steps, so that ten steps' noise (a few outliers at
+    "2.7B") does not decide it; by the medians where the points carry no step times."""
     slower: dict[str, list[str]] = {}
+    has_steps = "steps" in ok
     for size, g in ok.groupby("size", sort=False):
-        steps, names = list(g.step_ms), list(g.configuration)
-        for before, after, name in zip(steps, steps[1:], names[1:], strict=False):
-            if after > before:
-                slower.setdefault(PROSE.get(name, name), []).append(size)
+        medians, names = list(g.step_ms), list(g.configuration)
+        steps = list(g.steps) if has_steps else [None] * len(g)
+        for i in range(1, len(g)):
+            if steps[i - 1] and steps[i]:
+                is_slower = slower_pairs(steps[i - 1], steps[i]) >= SLOWER_PAIRS
+            else:
+                is_slower = medians[i] > medians[i - 1]
+            if is_slower:
+                slower.setdefault(PROSE.get(names[i], names[i]), []).append(size)
     return slower
 
 
