@@ -83,7 +83,8 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
     printed = printed.drop(columns=["added", "std_ms", "graphed", "steps"], errors="ignore")
     columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
                            "roofline (ms)", "x roofline"] if c in printed]
-    optimized = {"table": save_table(printed[columns], out, "optimized_step", digits=1, data=data),
+    optimized = {"table": save_table(printed[columns], out, "optimized_step", digits=1,
+                                      data=data.drop(columns=["steps"], errors="ignore")),
                  "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
                  "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
                  "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
