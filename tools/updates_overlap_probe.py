@@ -3,19 +3,21 @@
     python tools/updates_overlap_probe.py large medium --carveouts 0 8 16 24 32 48
 
 Inside the optimised step's backward the updates (memory-bound, about 28 B per parameter) run on a side
-stream beside the products (compute-bound). A cuBLAS product takes every SM's registers, so the two
-share an SM only in turns, and the updates add most of their own time to the step (6.7 ms of about 10
-at "large" on one H100, notes/runs/2026-11-27-h100-dw-adamw). PyTorch's experimental SM carveout makes
+stream beside the products (compute-bound), yet they add most of their own time to the step (6.7 ms of
+about 10 at "large" on one H100, notes/runs/2026-11-27-h100-dw-adamw). The guess this tests: a Hopper
+cuBLAS block holds most of an SM's registers, so a product's blocks leave no room for the updates' and
+the two take the SMs in turns. PyTorch's experimental SM carveout makes
 cuBLASLt target fewer SMs (`torch._C._set_sm_carveout_experimental`), which leaves the rest to whatever
 else is running: here, the updates. It reaches the cuBLASLt path only, so the probe prefers cuBLASLt
 for every product (`torch.backends.cuda.preferred_blas_library`), and first checks that the carveout
 takes effect: a bf16 8192-cube product timed with none and with half the SMs carved out.
 
 Then, per size and carveout, the series' best configuration (fused AdamW, CUDA graph, flash, bf16
-weights, AdamW inside the backward, joined projections, compiled loss) is built, captured and timed,
-CUDA-event median of 40 steps. It is timed once with its updates and once re-captured without them
+weights, AdamW inside the backward, joined projections, compiled loss) is built, captured and timed
+over 40 steps. It is timed once with its updates and once re-captured without them
 (forward+backward alone, which the carveout slows). The carveout in force at capture is the one the
-graph's products keep.
+graph's products keep. Times are medians of the host clock around each step, synchronised
+(`cs336sys.timing.time_steps`, as the pipeline times its points).
 """
 
 from __future__ import annotations
@@ -26,22 +28,14 @@ import statistics
 
 import torch
 
+from cs336sys.timing import time_steps
 from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
 
 BEST = ("fused_adamw", "flash", "bf16_weights", "adamw_in_backward", "fused_projections", "compiled_loss")
 
 
 def median_ms(fn, repeats: int = 40, warmup: int = 10) -> float:
-    times = []
-    for i in range(warmup + repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(time_steps(fn, warmup, repeats, "cuda"))
 
 
 def carve(sms: int) -> None:
