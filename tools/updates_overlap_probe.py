@@ -1,6 +1,6 @@
 """Leave some SMs to the AdamW updates that run beside the backward (a hand-run probe, not a result).
 
-    python tools/updates_overlap_probe.py large medium --carveouts 0 8 16 24 32 48
+    python tools/updates_overlap_probe.py large medium --carveouts 0 8 16 24 32 48 [--launches]
 
 Inside the optimised step's backward the updates (memory-bound, about 28 B per parameter) run on a side
 stream beside the products (compute-bound), yet they add most of their own time to the step (6.7 ms of
@@ -18,6 +18,9 @@ over 40 steps. It is timed once with its updates and once re-captured without th
 (forward+backward alone, which the carveout slows). The carveout in force at capture is the one the
 graph's products keep. Times are medians of the host clock around each step, synchronised
 (`cs336sys.timing.time_steps`, as the pipeline times its points).
+
+With --launches, first the updates' own kernel at a few blocks and warps against a copy of as many
+bytes: it ran at 2.6-2.7 TB/s beside the copy's 3.0 (notes/runs/2026-11-25-h100-step-gap).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import gc
 import statistics
 
 import torch
+import triton
 
 from cs336sys.timing import time_steps
 from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
@@ -70,13 +74,39 @@ def step_ms(size: str, sms: int, with_updates: bool) -> float:
     return ms
 
 
+def update_launches(elements: int = 10240 * 1280) -> None:
+    """The updates' own kernel (`adamw_kernel`, bf16 gradient in, bf16 copy out: 28 B an element) at
+    other blocks and warps than `fused_adamw_`'s (BLOCK 1024, 4 warps), against a copy of as many bytes."""
+    from cs336sys.leaderboard.adamw import adamw_kernel
+
+    p, m, v = (torch.rand(elements, device="cuda") for _ in range(3))
+    g, out = torch.rand(elements, device="cuda").to(torch.bfloat16), torch.empty(elements, device="cuda",
+                                                                                dtype=torch.bfloat16)
+    src = torch.empty(7 * elements, device="cuda")  # 28 B an element: 14 read, 14 written
+    dst = torch.empty(src.numel() // 2, device="cuda")
+    copy_ms = median_ms(lambda: dst.copy_(src[: dst.numel()]))
+    print(f"copy of {28 * elements / 1e9:.2f} GB: {copy_ms:.3f} ms ({28 * elements / copy_ms / 1e9:.2f} TB/s)")
+    for block in (1024, 2048, 4096):
+        for warps in (4, 8):
+            def launch(block=block, warps=warps):
+                adamw_kernel[(triton.cdiv(elements, block),)](p, g, m, v, out, elements, 0.9, 0.1, 0.999, 0.001, 1e-4,
+                                                              1e-8, 1.0, HAS_OUT=True, OUT_BF16=True, BLOCK=block,
+                                                              num_warps=warps)
+            ms = median_ms(launch)
+            print(f"adamw_kernel BLOCK {block} {warps} warps: {ms:.3f} ms ({28 * elements / ms / 1e9:.2f} TB/s)",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sizes", nargs="+")
     parser.add_argument("--carveouts", nargs="+", type=int, default=[0, 8, 16, 24, 32, 48])
     parser.add_argument("--blas", default="cublaslt", choices=["cublas", "cublaslt"])
+    parser.add_argument("--launches", action="store_true", help="also time the updates' kernel's launch shapes")
     args = parser.parse_args()
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    if args.launches:
+        update_launches()
     torch.backends.cuda.preferred_blas_library(args.blas)
     check_carveout()
     for size in args.sizes:
