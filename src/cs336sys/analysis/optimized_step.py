@@ -76,8 +76,9 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
     data["added"] = [len(t) for t in series["techniques"]] if "techniques" in series else 0
     data = data.sort_values(["size", "added"], key=lambda c: size_key(c) if c.name == "size" else c)
     printed = data.assign(configuration=data.configuration.map(lambda c: LABELS.get(c, c)))
-    printed["x roofline"] = [f"{s / r:.2f}" if r == r and r else "" for s, r in
-                             zip(printed.step_ms, printed.roofline_ms.astype(float), strict=True)]
+    printed["x roofline"] = [ratio_text(s / r, TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE))
+                             if r == r and r else "" for size, s, r in
+                             zip(printed["size"], printed.step_ms, printed.roofline_ms.astype(float), strict=True)]
     printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
                                       "step_ms": "step (ms)", "roofline_ms": "roofline (ms)"})
     printed = printed.drop(columns=["added", "std_ms", "graphed", "steps"], errors="ignore")
