@@ -7,10 +7,18 @@ import pytest
 import torch
 
 from cs336sys.accounting.roofline import step_bytes, step_roofline
+from cs336sys.attention.flash_configs import BackwardConfig, Tiles
 from cs336sys.attention.naive import naive_causal_attention
 from cs336sys.dtypes import autocast
 from cs336sys.sizes import ModelSize, parameter_count
-from cs336sys.training.optimized import TECHNIQUES, OptimizedSpec, build_optimized_step, pad_head_dim
+from cs336sys.training.optimized import (
+    STEP_TILES,
+    TECHNIQUES,
+    OptimizedSpec,
+    build_optimized_step,
+    pad_head_dim,
+    step_flash_attention,
+)
 from cs336sys.training.step import StepSpec, build_step
 
 LR = 1e-3  # both optimizers' default
@@ -331,6 +339,33 @@ def test_padding_the_head_dimension_compiles_in_one_graph():
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(pad_head_dim(naive_causal_attention))(q, k, v)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_the_steps_attention_tiles_are_ones_the_kernels_take():
+    for d, (forward, backward) in STEP_TILES.items():
+        assert d in (64, 128)
+        tiles = Tiles.parse(forward)
+        assert tiles.block_m % tiles.block_n == 0, forward
+        if backward:
+            c = BackwardConfig.parse(backward)
+            assert c.block_n_kv % c.block_m_kv == 0 and c.block_m_q % c.block_n_q == 0, backward
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_steps_attention_tiles_match_float64_at_the_steps_shape(d, fresh_seed):
+    # the step's tiles (STEP_TILES) at its batch and context, against causal attention in float64
+    q, k, v, grad = (torch.randn(4, 12, 512, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = step_flash_attention(*leaves)
+    out.backward(grad)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    reference = naive_causal_attention(*exact)
+    reference.backward(grad.double())
+    for ours, theirs in zip([out, *(t.grad for t in leaves)], [reference, *(t.grad for t in exact)], strict=True):
+        error = (ours.double() - theirs).abs().max().item() / theirs.abs().max().item()
+        assert error < 2e-2, error
 
 
 @pytest.mark.gpu

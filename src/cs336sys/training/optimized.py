@@ -13,9 +13,9 @@ built by it. The techniques (`TECHNIQUES`; the benchmark's series in config/main
 - `fused_elementwise`: the blocks run through `cs336sys.leaderboard.fused_block.fused_block_forward`
   (RMSNorm, the SwiGLU gate and RoPE as one Triton kernel each way), eager (those kernels are what
   compiling the blocks fused before);
-- `flash`: our causal Triton FlashAttention-2 (`cs336sys.attention.flash_triton`) instead of the
-  naive attention's materialised scores; a head dimension the kernels do not take (the "2.7B"'s 80)
-  is zero-padded to the next one they do (`pad_head_dim`);
+- `flash`: our causal Triton FlashAttention-2 (`cs336sys.attention.flash_triton`, with tiles chosen
+  at the step's shapes: `STEP_TILES`) instead of the naive attention's materialised scores; a head
+  dimension the kernels do not take (the "2.7B"'s 80) is zero-padded to the next one they do (`pad_head_dim`);
 - `bf16_weights`: the matrices (projections, SwiGLU, LM head) are used through bf16 copies kept
   from step to step, which the optimizer rewrites in its own pass (`fused_adamw_`'s `out_lowp`),
   instead of autocast casting each fp32 weight in every forward; their gradients arrive in bf16 and
@@ -512,6 +512,22 @@ def joined_rotary_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
             torch.stack((sin, sin, torch.zeros_like(sin)), dim=1).unsqueeze(2))
 
 
+# The attention's tiles in the step (forward, backward; flash_configs strings) by head dimension. The
+# table's were chosen at long sequences; at the step's batch 4 and context 512, timed alone on an H100,
+# its 128-row forward tiles (which it takes from two waves of programs on: large and above) took 4-5 us
+# a layer more than 64-row ones, and 32-row dK/dV steps took up to 2 us off the backward at d 64
+# (notes/runs/2026-11-27-h100-step-attention). Only on CUDA: the interpreter keeps its own small tiles.
+STEP_TILES = {64: ("64x64/w4/s3", "kv32x64/q64x32/w4/s3"), 128: ("64x64/w4/s3", None)}
+
+
+def step_flash_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal `FlashAttention2Triton` with the step's tiles (`STEP_TILES`), the table's elsewhere."""
+    from cs336sys.attention.flash_triton import FlashAttention2Triton
+
+    forward, backward = STEP_TILES.get(q.shape[-1], (None, None)) if q.is_cuda else (None, None)
+    return FlashAttention2Triton.apply(q, k, v, True, "tf32", forward, backward)
+
+
 def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
     """`attention` for any head dimension up to max(head_dims): q, k, v zero-padded to the next one it
     takes, and the output cut back. Zero columns add nothing to q k^T, and the padded output columns
@@ -544,9 +560,7 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
     same weights and tokens as `build_step` for the same size and seed), then the techniques applied."""
     attention_fn = None
     if spec.uses("flash"):
-        from cs336sys.attention.flash_triton import flash_causal_attention
-
-        attention_fn = pad_head_dim(flash_causal_attention)
+        attention_fn = pad_head_dim(step_flash_attention)
     factory, optimizer_name = None, "ours"
     if spec.uses("bf16_weights"):
         factory, optimizer_name = (lambda params: MasterCopyAdamW(params, {})), "fused_triton_bf16_copies"
