@@ -417,7 +417,8 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
              "configuration": name, "techniques": techniques, "median_ms": step, "std_ms": std,
              "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
-             "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0}}
+             "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0},
+             "step_clocks": {"sm_clock_mhz": 1755.0 - std, "power_w": 690.4} if name != "plain" else {}}
             for name, techniques, fb, step, std in [("fused_adamw", ["fused_adamw"], 100.0, 133.0, 8.0),
                                                     ("plain", [], 100.0, 190.0, 3.0),
                                                     ("cuda_graph", ["fused_adamw", "cuda_graph"], 101.0, 134.0, 0.2)]]
@@ -426,7 +427,9 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["copy_sources"] == ["h100 preset"]
     lines = ctx["table"].splitlines()
     assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
-    assert lines[2].endswith("| 93.6 | 2.03 |") and lines[3].endswith("| 93.6 | 1.42 |")
+    # the clock and power over the timed steps, whole; none kept (an older result): empty cells
+    assert lines[0].endswith("| x roofline | clock (MHz) | power (W) |")
+    assert lines[2].endswith("| 93.6 | 2.03 |  |  |") and lines[3].endswith("| 93.6 | 1.42 | 1747 | 690 |")
     # one column per size, the series down the rows (a longer series keeps the table within nine columns),
     # then the roofline, numbers right-aligned
     compact = ctx["compact"].splitlines()
@@ -475,3 +478,32 @@ def test_a_ratio_just_outside_its_target_is_not_printed_as_the_target():
     assert ratio_text(1.3052, 1.3) == "1.31"
     assert ratio_text(1.2951, 1.3) == "1.30"  # within: rounding onto the target says nothing wrong
     assert ratio_text(1.42, 1.2) == "1.42" and ratio_text(1.1549, 1.2) == "1.15"
+
+
+def test_a_point_keeps_its_timed_steps_and_the_clocks_over_just_them(monkeypatch):
+    from cs336sys import bench_optimized
+    from cs336sys.jobs import Run
+
+    class Sampler:  # what ClockSampler would give: its summary of the window it is asked about
+        selector, samples = None, []
+
+        def __init__(self, device, interval_ms):
+            assert interval_ms == bench_optimized.CLOCK_MS
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def summary(self, start, end):
+            return {"window_s": end - start}
+
+    monkeypatch.setattr(bench_optimized, "ClockSampler", Sampler)
+    settings = bench_optimized.OptimizedStepSettings("tiny", 16, "plain", compile="eager", warmup=1, steps=3,
+                                                     device="cpu")
+    m = bench_optimized.run_point(settings, Run(device="cpu"))
+    assert len(m["step_ms"]) == 3 and len(m["losses"]) == 3 and m["copy_bytes_per_s"] is None
+    # the window holds the three timed steps (and not the build, which takes longer than they do)
+    assert sum(m["step_ms"]) / 1e3 <= m["step_clocks"]["window_s"] < m["build_s"] + sum(m["step_ms"]) / 1e3
+    assert bench_optimized.OptimizedStepSettings("small", 512, "plain").steps == 30

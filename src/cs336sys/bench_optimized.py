@@ -4,7 +4,9 @@ in one process.
 
 Per point: build, `warmup` untimed steps, then `steps` steps each bracketed by CUDA events (forward +
 backward, optimizer step, zero_grad; a device synchronisation after each step, as `time_steps` does),
-and the device's copy bandwidth measured in the same process (a `copy_` of `COPY_BYTES` between two
+with the GPU's SM clock and power sampled over them (`step_clocks`, `gpu_clocks.ClockSampler`'s medians:
+under the larger sizes' steps an H100 runs at its power cap, and its clock then differs between
+machines), and the device's copy bandwidth measured in the same process (a `copy_` of `COPY_BYTES` between two
 buffers: bytes read plus written over the median time), the roofline's memory ceiling. The loss of
 every timed step is kept (the configurations of a series train the same model on the same batch).
 """
@@ -12,18 +14,21 @@ every timed step is kept (the configurations of a series train the same model on
 from __future__ import annotations
 
 import gc
+import shutil
 import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
+from cs336sys.gpu_clocks import ClockSampler
 from cs336sys.jobs import Run
 from cs336sys.timing import peak_memory_bytes, reset_peak_memory, summarize_ms, synchronize
 from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
 
 COPY_BYTES = 2 * 1024**3
 COPY_REPEATS = 20
+CLOCK_MS = 20  # nvidia-smi's sampling period over the timed steps
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class OptimizedStepSettings:
     """Sequences per batch; None: the size's default batch size."""
     warmup: int = 5
     """Untimed steps before the timed ones."""
-    steps: int = 10
-    """Timed steps; each phase bracketed by CUDA events (host clock on the CPU)."""
+    steps: int = 30
+    """Timed steps; each phase bracketed by CUDA events (host clock on the CPU). Of ten, one to three ran
+    5-15 % slower at xl and "2.7B" (the same steps in each configuration of a run), enough to move a median."""
     seed: int = 0
     """Seed of the model's initial parameters and of the random batch."""
     device: str = "cuda"
@@ -86,6 +92,16 @@ def copy_bandwidth(device: str) -> float | None:
     return 2 * COPY_BYTES / (statistics.median(times) * 1e-3)
 
 
+def _first_sample(clocks: ClockSampler, timeout_s: float = 2.0) -> None:
+    """Wait for the sampler's first sample (nvidia-smi takes a moment to start), so that it samples the
+    timed steps from their start; at most `timeout_s`, and not at all where nothing samples."""
+    deadline = time.perf_counter() + timeout_s
+    while clocks.selector is not None and shutil.which("nvidia-smi") and not clocks.samples:
+        if time.perf_counter() > deadline:
+            return
+        time.sleep(0.01)
+
+
 def run_point(settings: OptimizedStepSettings, run: Run) -> dict:
     device = run.device
     reset_peak_memory(device)
@@ -95,26 +111,31 @@ def run_point(settings: OptimizedStepSettings, run: Run) -> dict:
     step = build_optimized_step(spec, device)
     synchronize(device)
     build_s = time.perf_counter() - build_start
-    for _ in range(settings.warmup):
-        step.run()
-    synchronize(device)
     clock = _Clock(device)
     phases: dict[str, list[float]] = {"forward_backward": [], "optimizer_step": [], "zero_grad": []}
     step_ms, losses = [], []
-    for _ in range(settings.steps):
-        marks = [clock.mark()]
-        loss = step.forward_backward()
-        marks.append(clock.mark())
-        step.optimizer_step()
-        marks.append(clock.mark())
-        step.zero_grad()
-        marks.append(clock.mark())
+    with ClockSampler(device, interval_ms=CLOCK_MS) as clocks:
+        _first_sample(clocks)
+        for _ in range(settings.warmup):
+            step.run()
         synchronize(device)
-        for name, a, b in zip(phases, marks, marks[1:], strict=False):
-            phases[name].append(clock.ms(a, b))
-        step_ms.append(clock.ms(marks[0], marks[-1]))
-        losses.append(loss.item())
+        timed_from = time.perf_counter()
+        for _ in range(settings.steps):
+            marks = [clock.mark()]
+            loss = step.forward_backward()
+            marks.append(clock.mark())
+            step.optimizer_step()
+            marks.append(clock.mark())
+            step.zero_grad()
+            marks.append(clock.mark())
+            synchronize(device)
+            for name, a, b in zip(phases, marks, marks[1:], strict=False):
+                phases[name].append(clock.ms(a, b))
+            step_ms.append(clock.ms(marks[0], marks[-1]))
+            losses.append(loss.item())
+        timed_to = time.perf_counter()
     metrics = {**summarize_ms(step_ms), "step_ms": step_ms, "phase_ms": phases,
+               "step_clocks": clocks.summary(timed_from, timed_to),
                "phase_median_ms": {k: statistics.median(v) for k, v in phases.items()}, "losses": losses,
                "build_s": build_s, **step.info, "peak_memory_bytes": peak_memory_bytes(device)}
     metrics["achieved_tflops"] = step.info["flops_per_step"] / (metrics["median_ms"] * 1e-3) / 1e12

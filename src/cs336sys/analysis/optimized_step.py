@@ -16,6 +16,7 @@ import pandas as pd
 
 from cs336sys.accounting.hardware import preset_for_gpu
 from cs336sys.accounting.roofline import BYTES_PER_PARAMETER, step_roofline
+from cs336sys.analysis.attention_leaderboard import CLOCK, POWER, clocks
 from cs336sys.analysis.common import figure, save_figure, save_table, size_key
 
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
@@ -70,7 +71,7 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
                         "steps": list(r["step_ms"]) if isinstance(r.get("step_ms"), list) else None,
                         "roofline_copy_source": source,
-                        "gpu": r.get("env.gpu") or r.get("env.cpu")})
+                        "gpu": r.get("env.gpu") or r.get("env.cpu"), **clocks(r, "step")})
         rows.append(row)
     data = pd.DataFrame(rows)
     data["added"] = [len(t) for t in series["techniques"]] if "techniques" in series else 0
@@ -82,8 +83,11 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
     printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
                                       "step_ms": "step (ms)", "roofline_ms": "roofline (ms)"})
     printed = printed.drop(columns=["added", "std_ms", "graphed", "steps"], errors="ignore")
+    for name in (CLOCK, POWER):  # whole numbers; empty for results measured before they were kept
+        if name in printed:
+            printed[name] = [f"{v:.0f}" if v == v and v is not None else "" for v in printed[name]]
     columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
-                           "roofline (ms)", "x roofline"] if c in printed]
+                           "roofline (ms)", "x roofline", CLOCK, POWER] if c in printed]
     optimized = {"table": save_table(printed[columns], out, "optimized_step", digits=1,
                                       data=data.drop(columns=["steps"], errors="ignore")),
                  "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
