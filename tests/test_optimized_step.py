@@ -418,7 +418,8 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
              "configuration": name, "techniques": techniques, "median_ms": step, "std_ms": std,
              "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
              "phase_median_ms": {"forward_backward": fb, "optimizer_step": step - fb, "zero_grad": 0.0},
-             "step_clocks": {"sm_clock_mhz": 1755.0 - std, "power_w": 690.4} if name != "plain" else {}}
+             "step_clocks": {"sm_clock_mhz": 1755.0 - std, "power_w": 690.4 - 30 * std, "power_limit_w": 700.0}
+             if name != "plain" else {}}
             for name, techniques, fb, step, std in [("fused_adamw", ["fused_adamw"], 100.0, 133.0, 8.0),
                                                     ("plain", [], 100.0, 190.0, 3.0),
                                                     ("cuda_graph", ["fused_adamw", "cuda_graph"], 101.0, 134.0, 0.2)]]
@@ -427,9 +428,12 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["copy_sources"] == ["h100 preset"]
     lines = ctx["table"].splitlines()
     assert "plain" in lines[2] and "fused AdamW" in lines[3]  # the series' order, not the files'
-    # the clock and power over the timed steps, whole; none kept (an older result): empty cells
-    assert lines[0].endswith("| x roofline | clock (MHz) | power (W) |")
-    assert lines[2].endswith("| 93.6 | 2.03 |  |  |") and lines[3].endswith("| 93.6 | 1.42 | 1747 | 690 |")
+    # the clock over the timed steps, whole; none kept (an older result): an empty cell
+    assert lines[0].endswith("| x roofline | clock (MHz) |")
+    assert lines[2].endswith("| 93.6 | 2.03 |  |") and lines[3].endswith("| 93.6 | 1.42 | 1747 |")
+    # the CUDA graph's point drew 684.4 W of 700 (within 3 %), the fused AdamW's 450.4 W
+    assert ctx["power_capped"] == {"sizes": ["2.7B"], "limit_w": 700.0, "share": 0.97}
+    assert optimized_step(pd.DataFrame(rows[:2]), {"bf16": 744.0}, tmp_path)["power_capped"] == {}
     # one column per size, the series down the rows (a longer series keeps the table within nine columns),
     # then the roofline, numbers right-aligned
     compact = ctx["compact"].splitlines()

@@ -33,6 +33,7 @@ PROSE = {"fused_adamw": "the fused AdamW", "cuda_graph": "the CUDA graph", "flas
 # The step's target against its roofline: the "2.7B" within 1.2x, every other size that fits within 1.3x.
 TARGET_X_ROOFLINE = {"2.7B": 1.2}
 DEFAULT_TARGET_X_ROOFLINE = 1.3
+POWER_CAP_SHARE = 0.97  # a median draw this close to the limit: the GPU held at its power cap
 SLOWER_PAIRS = 0.9  # "slower than the configuration before": in this fraction of pairs of timed steps at least
 
 
@@ -71,7 +72,8 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
                         "steps": list(r["step_ms"]) if isinstance(r.get("step_ms"), list) else None,
                         "roofline_copy_source": source,
-                        "gpu": r.get("env.gpu") or r.get("env.cpu"), **clocks(r, "step")})
+                        "gpu": r.get("env.gpu") or r.get("env.cpu"), **clocks(r, "step"),
+                        "power_limit_w": (r.get("step_clocks") or {}).get("power_limit_w")})
         rows.append(row)
     data = pd.DataFrame(rows)
     data["added"] = [len(t) for t in series["techniques"]] if "techniques" in series else 0
@@ -83,11 +85,10 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
     printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
                                       "step_ms": "step (ms)", "roofline_ms": "roofline (ms)"})
     printed = printed.drop(columns=["added", "std_ms", "graphed", "steps"], errors="ignore")
-    for name in (CLOCK, POWER):  # whole numbers; empty for results measured before they were kept
-        if name in printed:
-            printed[name] = [f"{v:.0f}" if v == v and v is not None else "" for v in printed[name]]
+    if CLOCK in printed:  # whole; empty for results measured before clocks were kept (power: in the CSV)
+        printed[CLOCK] = [f"{v:.0f}" if v == v and v is not None else "" for v in printed[CLOCK]]
     columns = [c for c in ["size", "configuration", "forward+backward (ms)", "optimizer (ms)", "step (ms)",
-                           "roofline (ms)", "x roofline", CLOCK, POWER] if c in printed]
+                           "roofline (ms)", "x roofline", CLOCK] if c in printed]
     optimized = {"table": save_table(printed[columns], out, "optimized_step", digits=1,
                                       data=data.drop(columns=["steps"], errors="ignore")),
                  "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
@@ -95,7 +96,8 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                  "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
                  "context_lengths": sorted({int(c) for c in series["context_length"]}),
                  "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values()),
-                 "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE}
+                 "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE,
+                 "power_capped": _power_capped(data)}
     ok = data[data.status == "ok"]
     if not ok.empty:
         optimized["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
@@ -118,6 +120,18 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
             optimized["spread_ms"] = {"eager": float(ok[~ok.graphed].std_ms.max()),
                                       "graph": float(ok[ok.graphed].std_ms.max())}
     return optimized
+
+
+def _power_capped(data: pd.DataFrame) -> dict:
+    """The sizes some of whose configurations drew, as a median over their timed steps, within
+    `POWER_CAP_SHARE` of the GPU's power limit, and that limit (W); empty without such points."""
+    if POWER not in data or "power_limit_w" not in data:
+        return {}
+    near = data[data[POWER].astype(float) >= POWER_CAP_SHARE * data["power_limit_w"].astype(float)]
+    if near.empty:
+        return {}
+    return {"sizes": list(dict.fromkeys(near["size"])), "limit_w": float(near["power_limit_w"].max()),
+            "share": POWER_CAP_SHARE}
 
 
 SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA graph", "flash": "flash",
