@@ -162,8 +162,8 @@ def slower_pairs(before: list[float], after: list[float]) -> float:
 
 def _slower_than_before(ok: pd.DataFrame) -> dict[str, list[str]]:
     """Per configuration, the sizes whose step it made slower than the configuration before it: in at
-    least `SLOWER_PAIRS` of the pairs of their timed steps, so that ten steps' noise (a few outliers at
-    "2.7B") does not decide it; by the medians where the points carry no step times."""
+    least `SLOWER_PAIRS` of the pairs of their timed steps, so that a few slow steps (the GPU at its power
+    cap, at xl and "2.7B") do not decide it; by the medians where the points carry no step times."""
     slower: dict[str, list[str]] = {}
     has_steps = "steps" in ok
     for size, g in ok.groupby("size", sort=False):
