@@ -50,7 +50,8 @@ class OptimizedStepSettings:
     """Untimed steps before the timed ones."""
     steps: int = 30
     """Timed steps; each phase bracketed by CUDA events (host clock on the CPU). Of ten, one to three ran
-    5-15 % slower at xl and "2.7B" (the same steps in each configuration of a run), enough to move a median."""
+    5-15 % slower at xl and "2.7B", where the GPU reaches its power cap and lowers its clock (`step_clocks`):
+    enough to move a median of ten."""
     seed: int = 0
     """Seed of the model's initial parameters and of the random batch."""
     device: str = "cuda"
