@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from cs336sys.analysis.common import save_table
+from cs336sys.analysis.common import CLOCK, POWER, clocks, save_table
 from cs336sys.analysis.formatting import fmt
 
 if TYPE_CHECKING:
@@ -70,18 +70,6 @@ def gpu_label(r: pd.Series) -> str:
 
 GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",
                "gluon_bwd": "Gluon forward and backward"}
-CLOCK, POWER = "clock (MHz)", "power (W)"
-
-
-def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
-    """The median SM clock and power over a point's do_bench of `phase` (fwd_bwd | fwd): a table's two
-    columns, empty where the result has none (nvidia-smi absent, or measured before they were kept)."""
-    c = r.get(f"{phase}_clocks")
-    if not isinstance(c, dict) or not c:
-        return {}
-    return {CLOCK: c.get("sm_clock_mhz"), POWER: c.get("power_w")}
-
-
 def _clock_by_impl(ok: pd.DataFrame) -> dict:
     """impl -> the SM clock of its forward+backward timing, for the points (indexed by impl) that kept one."""
     return {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}

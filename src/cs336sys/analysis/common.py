@@ -180,3 +180,17 @@ def _machines(df: pd.DataFrame) -> list[str]:
 def read_benchmark_tsv(path: Path) -> float:
     """Wall-clock seconds of a Snakemake `benchmark:` record."""
     return float(pd.read_csv(path, sep="\t")["s"].iloc[0])
+
+
+CLOCK, POWER = "clock (MHz)", "power (W)"
+
+
+def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
+    """The median SM clock and power over a point's timed `phase` (its `{phase}_clocks`, a
+    `gpu_clocks.ClockSampler` summary: fwd_bwd | fwd for attention, step for the optimised step): a
+    table's two columns, empty where the result has none (nvidia-smi absent, or measured before they
+    were kept)."""
+    c = r.get(f"{phase}_clocks")
+    if not isinstance(c, dict) or not c:
+        return {}
+    return {CLOCK: c.get("sm_clock_mhz"), POWER: c.get("power_w")}

@@ -16,8 +16,7 @@ import pandas as pd
 
 from cs336sys.accounting.hardware import preset_for_gpu
 from cs336sys.accounting.roofline import BYTES_PER_PARAMETER, step_roofline
-from cs336sys.analysis.attention_leaderboard import CLOCK, POWER, clocks
-from cs336sys.analysis.common import figure, save_figure, save_table, size_key
+from cs336sys.analysis.common import CLOCK, POWER, clocks, figure, save_figure, save_table, size_key
 
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
           "fused_elementwise": "+ fused RMSNorm/SwiGLU/RoPE", "flash": "+ our FlashAttention-2",
