@@ -118,8 +118,9 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MailProg=/bin/true
 # Finished jobs stay visible to squeue and scontrol this long. Snakemake's status check needs that,
-# and so does slurm-smoke.sh's final check of every job, which runs after the whole grid: with 600 s
-# a slow CI host purged the records of the grid's first jobs before the check read them.
+# and so does the smoke-grid test's check of every job (tools/slurm_smoke_check.py), which runs after
+# the whole grid: with 600 s a slow CI host purged the records of the grid's first jobs before the
+# check read them.
 MinJobAge=7200
 StateSaveLocation=$STATE_DIR/ctld
 SlurmdSpoolDir=$STATE_DIR/d

@@ -101,3 +101,16 @@ def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestR
         report.longrepr = (f"{item.nodeid} skips ({_skip_reason(report)}) but has no @pytest.mark.gpu: "
                            f"mark it (or its module's pytestmark) so `pytest -m gpu` runs it on a GPU host")
     return report
+
+
+def expected_seconds(item: pytest.Item) -> float:
+    """How long a `slow(seconds=N)` test takes on one core of the 2-core CI host (0 for the rest)."""
+    mark = item.get_closest_marker("slow")
+    return mark.kwargs.get("seconds", 60) if mark else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first, the longest first (the rest keep their order). `pytest -n 2` hands tests out two
+    at a time (`--maxschedchunk=2` in pyproject), so each worker starts a long one at once and the short ones
+    fill in after; collected in file order, the seven-minute smoke grid would start last and run alone."""
+    items.sort(key=expected_seconds, reverse=True)  # stable, so the same order in every worker

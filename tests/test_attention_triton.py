@@ -53,6 +53,7 @@ def _interpreter_cannot_take_tensor_loop_bounds() -> bool:
     return major_minor(triton.__version__) < (3, 7) and major_minor(numpy.__version__) >= (2, 4)
 
 
+@pytest.mark.slow(seconds=45)
 def test_kernels_in_an_interpreter_process():
     if IN_INTERPRETER:
         pytest.skip("this process already interprets; the tests below run here")

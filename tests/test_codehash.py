@@ -307,6 +307,7 @@ def test_why_names_the_changed_statement(src_copy):
     assert lines == ["cs336sys.peak: changed: PEAK_DTYPES = …"]
 
 
+@pytest.mark.slow(seconds=35)
 def test_committed_records_hold_the_hash_of_the_code_their_results_name():
     """Each committed experiment record holds the current rule's hash of the sources at the commit its
     result names (`env.git_commit`): the migration between rules recomputed them so, and a job is up to

@@ -51,6 +51,7 @@ BF16_UNIT_ROUNDOFF = 2.0**-8  # half of bf16's spacing (8 significant bits) rela
 FP32_REL_TOL = 2e-6
 
 
+@pytest.mark.slow(seconds=100)
 def test_kernels_in_an_interpreter_process():
     if IN_INTERPRETER:
         pytest.skip("this process already interprets; the tests below run here")

@@ -155,6 +155,7 @@ def test_proxy_point_on_the_cpu():
 # ------------------------------------------------------------------------- under the interpreter
 
 
+@pytest.mark.slow(seconds=95)
 def test_flash_tuned_in_an_interpreter_process():
     from test_attention_triton import _interpreter_cannot_take_tensor_loop_bounds
 

@@ -21,7 +21,7 @@ def _scheduled(clone: Path) -> set[str]:
     return {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", out.stdout + out.stderr, re.M)} - {"total"}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_a_moved_result_folder_keeps_its_results_up_to_date(tmp_path):
     clone = tmp_path / "clone"
     assert _run(tmp_path, "git", "clone", "-q", str(REPO), str(clone)).returncode == 0

@@ -82,7 +82,7 @@ def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
                           env={"PYTHONPATH": str(repo / "src"), "PATH": "/usr/bin:/bin"}, timeout=300)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
     repo = copy_pipeline(tmp_path / "clone")
     experiments = ("mixed_precision_accumulation", "autocast_dtypes")  # the jobs cs336sys.precision runs

@@ -86,6 +86,7 @@ def test_a_rank_that_dies_ends_the_job_in_bounded_time(tmp_path):
     assert seconds < 90
 
 
+@pytest.mark.slow(seconds=45)
 def test_a_rank_that_hangs_ends_the_job_in_bounded_time_and_leaves_no_process(tmp_path):
     proc, outs, seconds = run_job(tmp_path, [{"kind": "hang"}, {"kind": "ok"}], nproc=2)
     log = proc.stdout + proc.stderr

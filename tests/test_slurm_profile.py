@@ -3,7 +3,7 @@ local rules stay local, and failures are fast and clear.
 
 The first tests need no Slurm (the sbatch test uses stand-in Slurm commands). The last ones
 submit tests/data/slurm_probe/Snakefile to a real cluster (.ci/slurm-up.sh, run by
-.ci/slurm-smoke.sh) and skip when no Slurm node answers.
+.ci/slurm-smoke.sh) and skip when no Slurm node answers (fail, inside .ci/slurm-smoke.sh).
 """
 
 import functools
@@ -139,25 +139,28 @@ def test_gpu_rule_reaches_sbatch_as_gpus_and_local_rule_stays_local(tmp_path, st
 
 @functools.cache
 def _idle_node_gpus() -> int | str:
-    """GPUs of the first idle Slurm node, or why there is none (asked once: sinfo can take 10 s)."""
+    """GPUs of the first Slurm node that is up (idle, or running jobs: in CI the smoke grid of
+    tests/test_workflow.py may hold it), or why there is none (asked once: sinfo can take 10 s)."""
     if shutil.which("sinfo") is None:
         return "no Slurm here (sinfo not found); .ci/slurm-smoke.sh runs these tests"
     try:
-        sinfo = subprocess.run(["sinfo", "-h", "-N", "-t", "idle,mixed", "-o", "%G"],
+        sinfo = subprocess.run(["sinfo", "-h", "-N", "-t", "idle,mixed,allocated", "-o", "%G"],
                                capture_output=True, text=True, timeout=15)
     except subprocess.TimeoutExpired:
         return "sinfo did not answer within 15 s"
     match = re.search(r"gpu(?::[^:(\s]+)?:(\d+)", sinfo.stdout)
     if match is None:
         said = (sinfo.stdout + sinfo.stderr).strip().splitlines()[:1]
-        return f"no idle Slurm node with GPUs (sinfo: {said}); .ci/slurm-up.sh starts one"
+        return f"no Slurm node with GPUs is up (sinfo: {said}); .ci/slurm-up.sh starts one"
     return int(match.group(1))
 
 
 def node_gpus() -> int:
-    """GPUs of an idle Slurm node; skips the test when no Slurm answers."""
+    """GPUs of a Slurm node that is up; skips the test when no Slurm answers."""
     gpus = _idle_node_gpus()
     if isinstance(gpus, str):
+        if os.environ.get("CS336SYS_SMOKE_VIA_SLURM") == "1":  # .ci/slurm-smoke.sh brought one up
+            pytest.fail(f"the cluster of .ci/slurm-smoke.sh does not answer: {gpus}")
         pytest.skip(gpus)
     return gpus
 
@@ -216,3 +219,47 @@ def test_more_gpus_than_the_node_has_fails_fast(tmp_path):
     assert "Requested node configuration is not available" in output, output
     assert f"--gpus={gpus + 1}" in output
     assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+# ---- the smoke grid's check (tools/slurm_smoke_check.py), on a made-up log and stand-in scontrol ----
+
+def _job(kind: str, rule: str, jobid: int, gpus: int) -> str:
+    return f"{kind} {rule}:\n    output: {rule}.txt\n    jobid: {jobid}\n    resources: tmpdir=/tmp, gpu={gpus}\n"
+
+
+def test_smoke_check_names_every_job_that_missed_slurm_or_its_gpu(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("slurm_smoke_check", REPO / "tools" / "slurm_smoke_check.py")
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    states = {"501": "COMPLETED gres/gpu:1", "502": "COMPLETED gres/gpu:1", "503": "COMPLETED none",
+              "504": "FAILED gres/gpu:2", "505": "COMPLETED none"}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cases = "\n".join(f"  {j}) echo 'JobId={j} JobState={s.split()[0]} TresPerJob={s.split()[1]}';;"
+                      for j, s in states.items())
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\ncase "$3" in\n{cases}\nesac\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    report = tmp_path / "report.pdf"
+    report.write_bytes(b"%PDF")
+    since = report.stat().st_mtime - 1
+
+    good = (_job("rule", "gpu_one", 1, 1) + _job("rule", "gloo_two", 5, 0) + _job("localrule", "section", 6, 0)
+            + "Job 1 has been submitted with SLURM jobid 501 (log: x).\n"
+            + "Job 5 has been submitted with SLURM jobid 505 (log: x).\n")
+    problems, summary = checker.check(good, since, report)
+    assert problems == [] and summary.startswith("2 experiment jobs ran as Slurm jobs 501, 505 (2 rules); 1 local")
+
+    bad = (_job("rule", "gpu_one", 1, 1) + _job("rule", "cpu_only", 2, 0) + _job("rule", "never_sent", 3, 1)
+           + _job("localrule", "section", 4, 0) + _job("rule", "gpu_two", 7, 2)
+           + "".join(f"Job {j} has been submitted with SLURM jobid {s} (log: x).\n"
+                     for j, s in [(1, 501), (2, 502), (4, 503), (7, 504)]))
+    problems, _ = checker.check(bad, report.stat().st_mtime + 5, report)
+    assert len(problems) == 5, problems
+    said = "\n".join(problems)
+    assert "job 3 (never_sent) did not go through Slurm" in said
+    assert "local job 4 (section) was submitted to Slurm" in said
+    assert "Slurm job 502 (job 2, cpu_only, gpu=0) did not complete without a GPU" in said
+    assert "Slurm job 504 (job 7, gpu_two, gpu=2) did not complete with a GPU" in said
+    assert f"{report} was not rebuilt" in said
+    assert "gpu_one" not in said  # the job that did everything right is not named

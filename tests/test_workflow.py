@@ -11,12 +11,15 @@ a stale GPU experiment fails before anything is deleted or rewritten.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,10 +195,54 @@ def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
     assert scheduled(repo_copy, "writeup/report.pdf") <= CHEAP
 
 
-@pytest.mark.slow
+# .ci/slurm-smoke.sh sets this while its one-node cluster is up (CI runs the tests inside it): the smoke grid
+# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would.
+VIA_SLURM = os.environ.get("CS336SYS_SMOKE_VIA_SLURM") == "1"
+SLURM_PROFILES = ("--profile", "profiles/slurm", "--profile", "profiles/slurm-ci")
+SLURM_GRID_TIMEOUT_S = 1800  # about 12 min alone on 2 cores, longer beside the other tests
+
+
+def make_smoke_grid(cwd: Path) -> None:
+    """The whole smoke grid from nothing: with two local cores, or through Slurm (VIA_SLURM), where every
+    experiment job must run as a Slurm job that holds a GPU exactly when its rule asks for one, and no local
+    rule may be submitted (tools/slurm_smoke_check.py)."""
+    shutil.rmtree(cwd / "smoke", ignore_errors=True)
+    if not VIA_SLURM:
+        snakemake(cwd, "-c2", *SMOKE)
+        return
+    spec = importlib.util.spec_from_file_location("slurm_smoke_check", REPO / "tools" / "slurm_smoke_check.py")
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    log_path = cwd / "slurm-smoke.log"
+    start = time.time()
+    # At most 4 jobs queued or running (the node runs 2 at once), so that the jobs tests/test_slurm_profile.py
+    # submits during this grid wait behind 2 of its jobs at most, not behind the whole grid.
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--jobs", "4", "--nocolor",
+                                 *SMOKE], cwd=cwd, env={**os.environ, "PYTHONPATH": str(cwd / "src")},
+                                stdout=log, stderr=subprocess.STDOUT)
+        timed_out = False
+        try:
+            proc.wait(timeout=SLURM_GRID_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.send_signal(signal.SIGINT)  # Snakemake cancels its Slurm jobs on Ctrl-C (not on TERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    text = log_path.read_text()
+    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if timed_out else f"failed (exit {proc.returncode})"
+    assert proc.returncode == 0 and not timed_out, f"the smoke grid through Slurm {what}:\n{text[-4000:]}"
+    problems, summary = checker.check(text, start, cwd / "smoke" / "writeup" / "report.pdf")
+    assert not problems, "\n".join(problems)
+    print(f"smoke grid through Slurm: {summary}")
+
+
+@pytest.mark.slow(seconds=900 if VIA_SLURM else 420)
 def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
-    shutil.rmtree(repo_copy / "smoke", ignore_errors=True)
-    snakemake(repo_copy, "-c2", *SMOKE)
+    make_smoke_grid(repo_copy)
     smoke = repo_copy / "smoke"
     assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
     smoke_report = (smoke / "writeup" / "report.md").read_text()
@@ -269,7 +316,7 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(tmp_path):
     """Two snakemake runs in one checkout: the second is refused with the lock message. Ctrl-C in the
     middle of a grid (one job finished, the next one running): the next dry run lists the interrupted job
