@@ -41,4 +41,5 @@ def test_ci_installs_and_tests_as_the_readme_says():
     assert readme_torch in ci
     torch_at, project_at = ci.index(readme_torch), ci.index("pip install -q -e")
     assert torch_at < project_at  # torch first, as the README's block
-    assert re.search(r"^pytest -n 2$", ci, re.M)
+    # the README's test command, run with the CI cluster up (.ci/slurm-smoke.sh runs the command it is given)
+    assert re.search(r"^bash \.ci/slurm-smoke\.sh pytest -n 2$", ci, re.M)

@@ -19,6 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -196,53 +198,95 @@ def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
 
 
 # .ci/slurm-smoke.sh sets this while its one-node cluster is up (CI runs the tests inside it): the smoke grid
-# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would.
+# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would, started in the
+# background as the session starts (tests/conftest.py) so that the other tests run beside it.
 VIA_SLURM = os.environ.get("CS336SYS_SMOKE_VIA_SLURM") == "1"
+GRID_ENV = "CS336SYS_SLURM_GRID"  # where the session's background grid runs (set for xdist's workers)
 SLURM_PROFILES = ("--profile", "profiles/slurm", "--profile", "profiles/slurm-ci")
-SLURM_GRID_TIMEOUT_S = 1800  # about 12 min alone on 2 cores, longer beside the other tests
+SLURM_GRID_TIMEOUT_S = 1800  # about 12 min alone on 2 cores, 16 beside the other tests
 
 
-def make_smoke_grid(cwd: Path) -> None:
-    """The whole smoke grid from nothing: with two local cores, or through Slurm (VIA_SLURM), where every
-    experiment job must run as a Slurm job that holds a GPU exactly when its rule asks for one, and no local
-    rule may be submitted (tools/slurm_smoke_check.py)."""
-    shutil.rmtree(cwd / "smoke", ignore_errors=True)
-    if not VIA_SLURM:
-        snakemake(cwd, "-c2", *SMOKE)
-        return
+def start_slurm_grid() -> Path:
+    """A copy of the pipeline whose smoke grid is started through Slurm in the background. In the copy:
+    `slurm-smoke.log` (Snakemake's output), `.start` (epoch s), `.pid`, and `.status` (the exit status,
+    written by a thread of this process when the run ends)."""
+    root = Path(tempfile.mkdtemp(prefix="cs336sys-slurm-grid-"))
+    copy_pipeline(root)
+    (root / "slurm-smoke.start").write_text(f"{time.time()}\n")
+    # At most 4 jobs queued or running (the node runs 2 at once), so that the jobs tests/test_slurm_profile.py
+    # submits meanwhile wait behind 2 of the grid's at most, not behind the whole grid.
+    with open(root / "slurm-smoke.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--jobs", "4", "--nocolor",
+                                 *SMOKE], cwd=root, env={**os.environ, "PYTHONPATH": str(root / "src")},
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    (root / "slurm-smoke.pid").write_text(f"{proc.pid}\n")
+
+    def record_status() -> None:
+        status = proc.wait()
+        if root.exists():
+            (root / "slurm-smoke.status").write_text(f"{status}\n")
+
+    threading.Thread(target=record_status, daemon=True).start()
+    return root
+
+
+def stop_slurm_grid(root: Path) -> bool:
+    """Interrupt the grid if it still runs (Snakemake cancels its Slurm jobs on Ctrl-C, not on TERM); whether
+    it was running."""
+    if (root / "slurm-smoke.status").exists() or not (root / "slurm-smoke.pid").exists():
+        return False
+    try:
+        os.kill(int((root / "slurm-smoke.pid").read_text()), signal.SIGINT)
+    except (ProcessLookupError, ValueError):
+        return False
+    for _ in range(600):  # its Slurm jobs cancelled and its own end, within a minute
+        if (root / "slurm-smoke.status").exists():
+            break
+        time.sleep(0.1)
+    return True
+
+
+def wait_for_slurm_grid(root: Path) -> None:
+    """Wait for the session's grid, then check that it succeeded and that every experiment job ran as a
+    Slurm job holding a GPU exactly when its rule asks for one, and no local rule went through Slurm
+    (tools/slurm_smoke_check.py)."""
+    deadline = time.time() + SLURM_GRID_TIMEOUT_S
+    while not (root / "slurm-smoke.status").exists() and time.time() < deadline:
+        time.sleep(2)
+    timed_out = stop_slurm_grid(root)
+    log = (root / "slurm-smoke.log").read_text() if (root / "slurm-smoke.log").exists() else ""
+    status = (root / "slurm-smoke.status").read_text().strip() if (root / "slurm-smoke.status").exists() else "?"
+    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if timed_out else f"failed (exit {status})"
+    assert status == "0" and not timed_out, f"the smoke grid through Slurm {what}:\n{log[-4000:]}"
     spec = importlib.util.spec_from_file_location("slurm_smoke_check", REPO / "tools" / "slurm_smoke_check.py")
     checker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(checker)
-    log_path = cwd / "slurm-smoke.log"
-    start = time.time()
-    # At most 4 jobs queued or running (the node runs 2 at once), so that the jobs tests/test_slurm_profile.py
-    # submits during this grid wait behind 2 of its jobs at most, not behind the whole grid.
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--jobs", "4", "--nocolor",
-                                 *SMOKE], cwd=cwd, env={**os.environ, "PYTHONPATH": str(cwd / "src")},
-                                stdout=log, stderr=subprocess.STDOUT)
-        timed_out = False
-        try:
-            proc.wait(timeout=SLURM_GRID_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.send_signal(signal.SIGINT)  # Snakemake cancels its Slurm jobs on Ctrl-C (not on TERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    text = log_path.read_text()
-    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if timed_out else f"failed (exit {proc.returncode})"
-    assert proc.returncode == 0 and not timed_out, f"the smoke grid through Slurm {what}:\n{text[-4000:]}"
-    problems, summary = checker.check(text, start, cwd / "smoke" / "writeup" / "report.pdf")
+    since = float((root / "slurm-smoke.start").read_text())
+    problems, summary = checker.check(log, since, root / "smoke" / "writeup" / "report.pdf")
     assert not problems, "\n".join(problems)
     print(f"smoke grid through Slurm: {summary}")
 
 
-@pytest.mark.slow(seconds=900 if VIA_SLURM else 420)
-def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
-    make_smoke_grid(repo_copy)
+@pytest.fixture
+def smoke_repo(repo_copy) -> Path:
+    """A copy of the pipeline with its whole smoke grid made: through Slurm by the session (VIA_SLURM), or
+    here with two local cores."""
+    if not VIA_SLURM:
+        shutil.rmtree(repo_copy / "smoke", ignore_errors=True)
+        snakemake(repo_copy, "-c2", *SMOKE)
+        return repo_copy
+    if GRID_ENV not in os.environ:
+        pytest.fail(f"CS336SYS_SMOKE_VIA_SLURM=1 but no grid was started ({GRID_ENV} unset; tests/conftest.py)")
+    root = Path(os.environ[GRID_ENV])
+    wait_for_slurm_grid(root)
+    return root
+
+
+# Through Slurm it goes last: it waits for the session's grid, which the other tests run beside.
+@pytest.mark.slow(seconds=420, last=VIA_SLURM)
+def test_smoke_grid_reruns_exactly_what_changed(smoke_repo):
+    repo_copy = smoke_repo
     smoke = repo_copy / "smoke"
     assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
     smoke_report = (smoke / "writeup" / "report.md").read_text()

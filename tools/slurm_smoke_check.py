@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What a pipeline run through Slurm must show: every job of a rule that is not local was submitted to
 Slurm and completed there, holding a GPU exactly when its rule declares one (`resources: gpu=N`); no
 local rule was submitted; the report was rebuilt by the run.
