@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Generator
-from pathlib import Path
 
 import pytest
 import torch
@@ -106,42 +105,36 @@ def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestR
     return report
 
 
-def run_order(item: pytest.Item) -> tuple[bool, float]:
-    """Sorts late to early: `slow(last=True)` tests last, then the rest by how long a `slow(seconds=N)` test
-    takes on one core of the 2-core CI host (0 for the others)."""
+def expected_seconds(item: pytest.Item) -> float:
+    """How long a `slow(seconds=N)` test takes on one core of the 2-core CI host (0 for the rest)."""
     mark = item.get_closest_marker("slow")
-    return (not mark.kwargs.get("last", False), mark.kwargs.get("seconds", 60)) if mark else (True, 0)
+    return mark.kwargs.get("seconds", 60) if mark else 0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The long tests first, the longest first (the rest keep their order). `pytest -n 2` hands tests out two
     at a time (`--maxschedchunk=2` in pyproject), so each worker starts a long one at once and the short ones
-    fill in after; collected in file order, the seven-minute smoke grid would start last and run alone.
-    Only a test that waits for something the session started (`last=True`) goes to the end."""
-    items.sort(key=run_order, reverse=True)  # stable, so the same order in every worker
+    fill in after; collected in file order, the seven-minute smoke grid would start last and run alone."""
+    items.sort(key=expected_seconds, reverse=True)  # stable, so the same order in every worker
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers, so that they inherit the grid's path
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under .ci/slurm-smoke.sh (CS336SYS_SMOKE_VIA_SLURM=1): start the smoke grid through its Slurm cluster
-    in the background as the session starts, in a copy of the pipeline (test_workflow.start_slurm_grid).
-    The re-run test waits for it at the end; the other tests run beside it. In the controlling process only."""
+    """Under .ci/slurm-smoke.sh (CS336SYS_SMOKE_VIA_SLURM=1): make the smoke grid through its Slurm cluster
+    in a copy of the pipeline before any test runs (test_workflow.make_slurm_grid, about 12 min on 2 cores);
+    the re-run test checks it and its re-run contract. In the controlling process only."""
     if os.environ.get("CS336SYS_SMOKE_VIA_SLURM") != "1" or hasattr(session.config, "workerinput"):
         return
-    from test_workflow import GRID_ENV, start_slurm_grid
+    from test_workflow import GRID_ENV, make_slurm_grid
 
-    os.environ[GRID_ENV] = str(start_slurm_grid())
+    os.environ[GRID_ENV] = str(make_slurm_grid())
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the session's grid if no test waited for it to the end (a selection without the re-run test, an
-    interrupted run), and remove its copy."""
+    """Remove the copy the session made its grid in."""
     if os.environ.get("CS336SYS_SMOKE_VIA_SLURM") != "1" or hasattr(session.config, "workerinput"):
         return
-    from test_workflow import GRID_ENV, stop_slurm_grid
+    from test_workflow import GRID_ENV
 
-    if GRID_ENV not in os.environ:
-        return
-    root = Path(os.environ.pop(GRID_ENV))
-    stop_slurm_grid(root)
-    shutil.rmtree(root, ignore_errors=True)
+    if GRID_ENV in os.environ:
+        shutil.rmtree(os.environ.pop(GRID_ENV), ignore_errors=True)

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -198,67 +197,45 @@ def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
 
 
 # .ci/slurm-smoke.sh sets this while its one-node cluster is up (CI runs the tests inside it): the smoke grid
-# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would, started in the
-# background as the session starts (tests/conftest.py) so that the other tests run beside it.
+# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would, made once as the
+# session starts (tests/conftest.py), before any test runs: beside the tests it slowed them past their bounds.
 VIA_SLURM = os.environ.get("CS336SYS_SMOKE_VIA_SLURM") == "1"
-GRID_ENV = "CS336SYS_SLURM_GRID"  # where the session's background grid runs (set for xdist's workers)
+GRID_ENV = "CS336SYS_SLURM_GRID"  # the copy the session made its grid in (inherited by xdist's workers)
 SLURM_PROFILES = ("--profile", "profiles/slurm", "--profile", "profiles/slurm-ci")
-SLURM_GRID_TIMEOUT_S = 1800  # about 12 min alone on 2 cores, 16 beside the other tests
+SLURM_GRID_TIMEOUT_S = 1800  # about 12 min on 2 cores
 
 
-def start_slurm_grid() -> Path:
-    """A copy of the pipeline whose smoke grid is started through Slurm in the background. In the copy:
-    `slurm-smoke.log` (Snakemake's output), `.start` (epoch s), `.pid`, and `.status` (the exit status,
-    written by a thread of this process when the run ends)."""
+def make_slurm_grid() -> Path:
+    """A copy of the pipeline with its smoke grid made through Slurm. In the copy: `slurm-smoke.log`
+    (Snakemake's output), `.start` (epoch s) and `.status` (the exit status, or "timeout")."""
     root = Path(tempfile.mkdtemp(prefix="cs336sys-slurm-grid-"))
     copy_pipeline(root)
     (root / "slurm-smoke.start").write_text(f"{time.time()}\n")
-    # At most 4 jobs queued or running (the node runs 2 at once), so that the jobs tests/test_slurm_profile.py
-    # submits meanwhile wait behind 2 of the grid's at most, not behind the whole grid.
     with open(root / "slurm-smoke.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--jobs", "4", "--nocolor",
-                                 *SMOKE], cwd=root, env={**os.environ, "PYTHONPATH": str(root / "src")},
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    (root / "slurm-smoke.pid").write_text(f"{proc.pid}\n")
-
-    def record_status() -> None:
-        status = proc.wait()
-        if root.exists():
-            (root / "slurm-smoke.status").write_text(f"{status}\n")
-
-    threading.Thread(target=record_status, daemon=True).start()
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--nocolor", *SMOKE], cwd=root,
+                                env={**os.environ, "PYTHONPATH": str(root / "src")}, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            status = str(proc.wait(timeout=SLURM_GRID_TIMEOUT_S))
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            proc.send_signal(signal.SIGINT)  # Snakemake cancels its Slurm jobs on Ctrl-C (not on TERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    (root / "slurm-smoke.status").write_text(f"{status}\n")
     return root
 
 
-def stop_slurm_grid(root: Path) -> bool:
-    """Interrupt the grid if it still runs (Snakemake cancels its Slurm jobs on Ctrl-C, not on TERM); whether
-    it was running."""
-    if (root / "slurm-smoke.status").exists() or not (root / "slurm-smoke.pid").exists():
-        return False
-    try:
-        os.kill(int((root / "slurm-smoke.pid").read_text()), signal.SIGINT)
-    except (ProcessLookupError, ValueError):
-        return False
-    for _ in range(600):  # its Slurm jobs cancelled and its own end, within a minute
-        if (root / "slurm-smoke.status").exists():
-            break
-        time.sleep(0.1)
-    return True
-
-
-def wait_for_slurm_grid(root: Path) -> None:
-    """Wait for the session's grid, then check that it succeeded and that every experiment job ran as a
-    Slurm job holding a GPU exactly when its rule asks for one, and no local rule went through Slurm
-    (tools/slurm_smoke_check.py)."""
-    deadline = time.time() + SLURM_GRID_TIMEOUT_S
-    while not (root / "slurm-smoke.status").exists() and time.time() < deadline:
-        time.sleep(2)
-    timed_out = stop_slurm_grid(root)
-    log = (root / "slurm-smoke.log").read_text() if (root / "slurm-smoke.log").exists() else ""
-    status = (root / "slurm-smoke.status").read_text().strip() if (root / "slurm-smoke.status").exists() else "?"
-    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if timed_out else f"failed (exit {status})"
-    assert status == "0" and not timed_out, f"the smoke grid through Slurm {what}:\n{log[-4000:]}"
+def check_slurm_grid(root: Path) -> None:
+    """The session's grid succeeded, every experiment job ran as a Slurm job holding a GPU exactly when its
+    rule asks for one, and no local rule went through Slurm (tools/slurm_smoke_check.py)."""
+    log = (root / "slurm-smoke.log").read_text()
+    status = (root / "slurm-smoke.status").read_text().strip()
+    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if status == "timeout" else f"failed (exit {status})"
+    assert status == "0", f"the smoke grid through Slurm {what}:\n{log[-4000:]}"
     spec = importlib.util.spec_from_file_location("slurm_smoke_check", REPO / "tools" / "slurm_smoke_check.py")
     checker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(checker)
@@ -270,21 +247,20 @@ def wait_for_slurm_grid(root: Path) -> None:
 
 @pytest.fixture
 def smoke_repo(repo_copy) -> Path:
-    """A copy of the pipeline with its whole smoke grid made: through Slurm by the session (VIA_SLURM), or
-    here with two local cores."""
+    """A copy of the pipeline with its whole smoke grid made: through Slurm as the session started
+    (VIA_SLURM), or here with two local cores."""
     if not VIA_SLURM:
         shutil.rmtree(repo_copy / "smoke", ignore_errors=True)
         snakemake(repo_copy, "-c2", *SMOKE)
         return repo_copy
     if GRID_ENV not in os.environ:
-        pytest.fail(f"CS336SYS_SMOKE_VIA_SLURM=1 but no grid was started ({GRID_ENV} unset; tests/conftest.py)")
+        pytest.fail(f"CS336SYS_SMOKE_VIA_SLURM=1 but the session made no grid ({GRID_ENV} unset; tests/conftest.py)")
     root = Path(os.environ[GRID_ENV])
-    wait_for_slurm_grid(root)
+    check_slurm_grid(root)
     return root
 
 
-# Through Slurm it goes last: it waits for the session's grid, which the other tests run beside.
-@pytest.mark.slow(seconds=420, last=VIA_SLURM)
+@pytest.mark.slow(seconds=420)
 def test_smoke_grid_reruns_exactly_what_changed(smoke_repo):
     repo_copy = smoke_repo
     smoke = repo_copy / "smoke"
