@@ -3,16 +3,14 @@
 # `--profile profiles/slurm` would have one, and always stops the cluster again:
 #   .ci/slurm-smoke.sh [COMMAND [ARG...]]
 # The command runs with CS336SYS_SMOKE_VIA_SLURM=1, which the tests read:
-#   - a pytest session first makes the whole smoke grid through profiles/slurm (+ the CI overrides,
-#     profiles/slurm-ci) in a copy of the pipeline, before any test runs (tests/conftest.py; beside the
-#     tests it slowed them past their time bounds); the re-run test of tests/test_workflow.py then checks
-#     that every experiment job ran as a Slurm job that completed holding a GPU exactly when its rule asks
-#     for one and that the local rules did not go through Slurm (tools/slurm_smoke_check.py), and checks
-#     the re-run contract on that grid;
 #   - tests/test_slurm_profile.py submits its probe rules to the cluster (and fails, not skips, when
-#     none answers).
-# CI runs its whole test suite inside (`.ci/slurm-smoke.sh pytest -n 2`, .ci/run), so the grid runs
-# once. The default command runs only those two: about 14 min on 2 cores.
+#     none answers);
+#   - the smoke-grid test of tests/test_workflow.py runs the whole grid through profiles/slurm (+ the
+#     CI overrides, profiles/slurm-ci) and checks that every experiment job ran as a Slurm job that
+#     completed holding a GPU exactly when its rule asks for one, and that the local rules did not go
+#     through Slurm (tools/slurm_smoke_check.py), before it checks the re-run contract on that grid.
+# CI runs its whole test suite inside (`.ci/slurm-smoke.sh pytest -n 2`, .ci/run), so the grid runs once,
+# beside the other tests. The default command runs only those two: about 14 min on 2 cores.
 #
 # Environment: SLURM_SMOKE_TIMEOUT (s, default 3600) bounds the command; the SLURM_CI_* variables of
 # slurm-up.sh apply.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Generator
 
 import pytest
@@ -116,25 +114,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     at a time (`--maxschedchunk=2` in pyproject), so each worker starts a long one at once and the short ones
     fill in after; collected in file order, the seven-minute smoke grid would start last and run alone."""
     items.sort(key=expected_seconds, reverse=True)  # stable, so the same order in every worker
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist starts its workers, so that they inherit the grid's path
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under .ci/slurm-smoke.sh (CS336SYS_SMOKE_VIA_SLURM=1): make the smoke grid through its Slurm cluster
-    in a copy of the pipeline before any test runs (test_workflow.make_slurm_grid, about 12 min on 2 cores);
-    the re-run test checks it and its re-run contract. In the controlling process only."""
-    if os.environ.get("CS336SYS_SMOKE_VIA_SLURM") != "1" or hasattr(session.config, "workerinput"):
-        return
-    from test_workflow import GRID_ENV, make_slurm_grid
-
-    os.environ[GRID_ENV] = str(make_slurm_grid())
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Remove the copy the session made its grid in."""
-    if os.environ.get("CS336SYS_SMOKE_VIA_SLURM") != "1" or hasattr(session.config, "workerinput"):
-        return
-    from test_workflow import GRID_ENV
-
-    if GRID_ENV in os.environ:
-        shutil.rmtree(os.environ.pop(GRID_ENV), ignore_errors=True)

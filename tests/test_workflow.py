@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -197,72 +196,53 @@ def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
 
 
 # .ci/slurm-smoke.sh sets this while its one-node cluster is up (CI runs the tests inside it): the smoke grid
-# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would, made once as the
-# session starts (tests/conftest.py), before any test runs: beside the tests it slowed them past their bounds.
+# then goes through the Slurm profile, as a user's `--profile profiles/slurm` run would.
 VIA_SLURM = os.environ.get("CS336SYS_SMOKE_VIA_SLURM") == "1"
-GRID_ENV = "CS336SYS_SLURM_GRID"  # the copy the session made its grid in (inherited by xdist's workers)
 SLURM_PROFILES = ("--profile", "profiles/slurm", "--profile", "profiles/slurm-ci")
-SLURM_GRID_TIMEOUT_S = 1800  # about 12 min on 2 cores
+SLURM_GRID_TIMEOUT_S = 1800  # about 12 min alone on 2 cores, longer beside the other tests
 
 
-def make_slurm_grid() -> Path:
-    """A copy of the pipeline with its smoke grid made through Slurm. In the copy: `slurm-smoke.log`
-    (Snakemake's output), `.start` (epoch s) and `.status` (the exit status, or "timeout")."""
-    root = Path(tempfile.mkdtemp(prefix="cs336sys-slurm-grid-"))
-    copy_pipeline(root)
-    (root / "slurm-smoke.start").write_text(f"{time.time()}\n")
-    with open(root / "slurm-smoke.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--nocolor", *SMOKE], cwd=root,
-                                env={**os.environ, "PYTHONPATH": str(root / "src")}, stdin=subprocess.DEVNULL,
+def make_smoke_grid(cwd: Path) -> None:
+    """The whole smoke grid from nothing: with two local cores, or through Slurm (VIA_SLURM), where every
+    experiment job must run as a Slurm job that holds a GPU exactly when its rule asks for one, and no local
+    rule may be submitted (tools/slurm_smoke_check.py)."""
+    shutil.rmtree(cwd / "smoke", ignore_errors=True)
+    if not VIA_SLURM:
+        snakemake(cwd, "-c2", *SMOKE)
+        return
+    spec = importlib.util.spec_from_file_location("slurm_smoke_check", REPO / "tools" / "slurm_smoke_check.py")
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    log_path = cwd / "slurm-smoke.log"
+    start = time.time()
+    # At most 4 jobs queued or running (the node runs 2 at once), so that the jobs tests/test_slurm_profile.py
+    # submits during this grid wait behind 2 of its jobs at most, not behind the whole grid.
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "snakemake", *SLURM_PROFILES, "--jobs", "4", "--nocolor",
+                                 *SMOKE], cwd=cwd, env={**os.environ, "PYTHONPATH": str(cwd / "src")},
                                 stdout=log, stderr=subprocess.STDOUT)
+        timed_out = False
         try:
-            status = str(proc.wait(timeout=SLURM_GRID_TIMEOUT_S))
+            proc.wait(timeout=SLURM_GRID_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            status = "timeout"
+            timed_out = True
             proc.send_signal(signal.SIGINT)  # Snakemake cancels its Slurm jobs on Ctrl-C (not on TERM)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    (root / "slurm-smoke.status").write_text(f"{status}\n")
-    return root
-
-
-def check_slurm_grid(root: Path) -> None:
-    """The session's grid succeeded, every experiment job ran as a Slurm job holding a GPU exactly when its
-    rule asks for one, and no local rule went through Slurm (tools/slurm_smoke_check.py)."""
-    log = (root / "slurm-smoke.log").read_text()
-    status = (root / "slurm-smoke.status").read_text().strip()
-    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if status == "timeout" else f"failed (exit {status})"
-    assert status == "0", f"the smoke grid through Slurm {what}:\n{log[-4000:]}"
-    spec = importlib.util.spec_from_file_location("slurm_smoke_check", REPO / "tools" / "slurm_smoke_check.py")
-    checker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(checker)
-    since = float((root / "slurm-smoke.start").read_text())
-    problems, summary = checker.check(log, since, root / "smoke" / "writeup" / "report.pdf")
+    text = log_path.read_text()
+    what = f"did not finish within {SLURM_GRID_TIMEOUT_S} s" if timed_out else f"failed (exit {proc.returncode})"
+    assert proc.returncode == 0 and not timed_out, f"the smoke grid through Slurm {what}:\n{text[-4000:]}"
+    problems, summary = checker.check(text, start, cwd / "smoke" / "writeup" / "report.pdf")
     assert not problems, "\n".join(problems)
     print(f"smoke grid through Slurm: {summary}")
 
 
-@pytest.fixture
-def smoke_repo(repo_copy) -> Path:
-    """A copy of the pipeline with its whole smoke grid made: through Slurm as the session started
-    (VIA_SLURM), or here with two local cores."""
-    if not VIA_SLURM:
-        shutil.rmtree(repo_copy / "smoke", ignore_errors=True)
-        snakemake(repo_copy, "-c2", *SMOKE)
-        return repo_copy
-    if GRID_ENV not in os.environ:
-        pytest.fail(f"CS336SYS_SMOKE_VIA_SLURM=1 but the session made no grid ({GRID_ENV} unset; tests/conftest.py)")
-    root = Path(os.environ[GRID_ENV])
-    check_slurm_grid(root)
-    return root
-
-
-@pytest.mark.slow(seconds=420)
-def test_smoke_grid_reruns_exactly_what_changed(smoke_repo):
-    repo_copy = smoke_repo
+@pytest.mark.slow(seconds=900 if VIA_SLURM else 420)
+def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
+    make_smoke_grid(repo_copy)
     smoke = repo_copy / "smoke"
     assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
     smoke_report = (smoke / "writeup" / "report.md").read_text()
