@@ -67,7 +67,8 @@ def load(path: Path = PINS_FILE) -> list[Pin]:
     if not Path(path).exists():
         return []
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        # libyaml's loader where PyYAML has it: the workflow reads this file at every start (0.4 s in Python)
+        data = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
     except yaml.YAMLError as e:
         raise PinError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("pins", []), list):
