@@ -205,17 +205,21 @@ def test_the_compiled_loss_is_the_models_head_and_loss(fresh_seed):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5 * r.abs().max().item())
 
 
-def test_the_joined_tables_leave_v_exactly_as_it_is(fresh_seed):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_joined_tables_leave_v_exactly_as_it_is_and_rotate_q_and_k_as_the_model(fresh_seed, dtype):
     from cs336sys.leaderboard.fused_ops import rotary_reference
-    from cs336sys.training.optimized import joined_rotary_tables
+    from cs336sys.training.optimized import joined_rotary_tables, rotate_pairs
 
     cos, sin = torch.randn(16, 4), torch.randn(16, 4)
-    qkv = torch.randn(2, 16, 3, 5, 8, dtype=torch.bfloat16)
-    rotated = rotary_reference(qkv, *joined_rotary_tables(cos, sin))
+    qkv = torch.randn(2, 16, 3, 5, 8, dtype=dtype, requires_grad=True)
+    rotated = rotate_pairs(qkv, *joined_rotary_tables(cos, sin))
     assert torch.equal(rotated[:, :, 2], qkv[:, :, 2])
-    for i in (0, 1):  # q and k as the model rotates them, head by head
-        torch.testing.assert_close(rotated[:, :, i], rotary_reference(qkv[:, :, i].transpose(1, 2), cos, sin)
-                                   .transpose(1, 2), rtol=0, atol=0)
+    model = torch.stack([rotary_reference(qkv[:, :, i].transpose(1, 2), cos, sin).transpose(1, 2) for i in (0, 1)]
+                        + [qkv[:, :, 2]], dim=2)  # q and k as the model rotates them, head by head
+    assert torch.equal(rotated, model)  # bit for bit
+    grad = torch.randn_like(rotated)
+    torch.testing.assert_close(torch.autograd.grad(rotated, qkv, grad)[0], torch.autograd.grad(model, qkv, grad)[0],
+                               rtol=0, atol=0)
 
 
 def test_fused_projections_compile_one_graph_for_every_block(fresh_seed):

@@ -474,17 +474,19 @@ def projected_block(block: TransformerBlock) -> Callable[..., Tensor]:
     it. The backward then stacks the attention's three gradients with a plain copy before RoPE's
     backward, one pass over the joined gradient. Split right after the product, Inductor gathered the
     three (two through RoPE's backward) in one kernel that cost more than the joined products saved
-    below "xl" (notes/runs/2026-11-27-h100-joined-projections)."""
+    below "xl" (notes/runs/2026-11-27-h100-joined-projections). RoPE is `rotate_pairs`: written with
+    even and odd slices (the model's ops), its backward was two kernels on the GPU, the second only
+    interleaving the first's two halves (notes/runs/2026-11-28-h100-inductor-kernels)."""
     attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
 
     def forward(x: Tensor, ln1: Tensor, qkv: Tensor, output: Tensor, ln2: Tensor, w13: Tensor, w2: Tensor,
                 cos: Tensor, sin: Tensor) -> Tensor:
-        from cs336sys.leaderboard.fused_ops import rms_norm_reference, rotary_reference
+        from cs336sys.leaderboard.fused_ops import rms_norm_reference
 
         batch, seq, d = x.shape
         projected = (rms_norm_reference(x, ln1, eps1) @ qkv.T).view(batch, seq, 3, num_heads, d // num_heads)
         # (batch, seq, 3, heads, d_head) -> three contiguous (batch, heads, seq, d_head)
-        q, k, v = rotary_reference(projected, cos, sin).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+        q, k, v = rotate_pairs(projected, cos, sin).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
         x = x + attention(q, k, v).transpose(1, 2).flatten(-2) @ output.T
         a, b = (rms_norm_reference(x, ln2, eps2) @ w13.T).chunk(2, dim=-1)
         return x + (silu(a) * b) @ w2.T
@@ -506,10 +508,22 @@ def head_loss(eps: float) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
 
 
 def joined_rotary_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """`projected_block`'s RoPE tables, (seq, 3, 1, d_head / 2) from the model's (seq, d_head / 2): q's and
-    k's angles, and v's zero angle (cos 1, sin 0), which leaves v as it is, exactly."""
-    return (torch.stack((cos, cos, torch.ones_like(cos)), dim=1).unsqueeze(2),
-            torch.stack((sin, sin, torch.zeros_like(sin)), dim=1).unsqueeze(2))
+    """`rotate_pairs`' tables for `projected_block`, (seq, 3, 1, d_head) from the model's (seq, d_head / 2):
+    for q and k each angle's cosine twice and its sine as (-sin, sin), for v the zero angle (cos 1,
+    sin 0), which leaves v as it is, exactly."""
+    c, s = torch.stack((cos, cos), dim=-1).flatten(-2), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    return (torch.stack((c, c, torch.ones_like(c)), dim=1).unsqueeze(2),
+            torch.stack((s, s, torch.zeros_like(s)), dim=1).unsqueeze(2))
+
+
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE of x's consecutive pairs (x_2i, x_2i+1), as `cs336sys.model.RotaryEmbedding`, written as
+    x cos + swap(x) sin with `joined_rotary_tables`' (..., d_head) tables: every output element is one
+    product plus one, as in the model's (x_2i cos - x_2i+1 sin, x_2i sin + x_2i+1 cos), so eager results
+    are the same bit for bit (the tables cast to x's dtype as the model casts its own). Its backward,
+    g cos + swap(g sin), is as plain elementwise as its forward, with no slice to scatter back."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos.to(x.dtype) + swapped * sin.to(x.dtype)
 
 
 # The attention's tiles in the step (forward, backward; flash_configs strings) by head dimension. The
