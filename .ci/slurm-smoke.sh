@@ -5,10 +5,12 @@
 # The command runs with CS336SYS_SMOKE_VIA_SLURM=1, which the tests read:
 #   - tests/test_slurm_profile.py submits its probe rules to the cluster (and fails, not skips, when
 #     none answers);
-#   - the smoke-grid test of tests/test_workflow.py runs the whole grid through profiles/slurm (+ the
-#     CI overrides, profiles/slurm-ci) and checks that every experiment job ran as a Slurm job that
+#   - the smoke-grid test of tests/test_workflow.py makes the grid but four experiment rules locally, then
+#     those four (no GPU, one GPU twice, two GPUs) with the sections and report through profiles/slurm
+#     (+ the CI overrides, profiles/slurm-ci), and checks that each of their jobs ran as a Slurm job that
 #     completed holding a GPU exactly when its rule asks for one, and that the local rules did not go
-#     through Slurm (tools/slurm_smoke_check.py), before it checks the re-run contract on that grid.
+#     through Slurm (tools/slurm_smoke_check.py), before it checks the re-run contract on that grid
+#     (CS336SYS_SMOKE_VIA_SLURM=all instead of 1: the whole grid through Slurm).
 # CI runs its whole test suite inside (`.ci/slurm-smoke.sh pytest -n 2`, .ci/run), so the grid runs once,
 # beside the other tests. The default command runs only those two: about 14 min on 2 cores.
 #
@@ -57,7 +59,7 @@ if (($# == 0)); then
         tests/test_workflow.py::test_smoke_grid_reruns_exactly_what_changed
 fi
 log "running with the cluster up: $*"
-export CS336SYS_SMOKE_VIA_SLURM=1
+export CS336SYS_SMOKE_VIA_SLURM=${CS336SYS_SMOKE_VIA_SLURM:-1}  # or "all", set by the caller
 status=0
 run_step "$SMOKE_TIMEOUT" "$@" || status=$?
 if ((status == 124 || status == 137)); then log "ERROR: the command did not finish within ${SMOKE_TIMEOUT}s"; fi
