@@ -12,7 +12,8 @@
 #     through Slurm (tools/slurm_smoke_check.py), before it checks the re-run contract on that grid
 #     (CS336SYS_SMOKE_VIA_SLURM=all instead of 1: the whole grid through Slurm).
 # CI runs its whole test suite inside (`.ci/slurm-smoke.sh pytest -n 2`, .ci/run), so the grid runs once,
-# beside the other tests. The default command runs only those two: about 14 min on 2 cores.
+# beside the other tests. The default command runs only those two (about 14 min on 2 cores when the whole
+# grid went through Slurm; less now, not measured).
 #
 # Environment: SLURM_SMOKE_TIMEOUT (s, default 3600) bounds the command; the SLURM_CI_* variables of
 # slurm-up.sh apply.
