@@ -26,6 +26,26 @@ def _shape_text(r: pd.Series) -> str:
     return f"{int(r['batch'])} × {int(r['heads'])} heads × {int(r['seq']):,} × d {int(r['d'])}"
 
 
+def _backward_in_noise(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The points with `bwd_ms` and `bwd_tflops` blanked where the backward, timed as forward+backward minus
+    the forward alone, is not positive: the forward alone timed no faster than the two together, so their
+    difference is within the timing's noise (the smoke grid's interpreted kernels on a loaded CPU). Also how
+    many points that blanked."""
+    noise = (df["status"] == "ok") & (df["bwd_ms"] <= 0) if "bwd_ms" in df else pd.Series(False, index=df.index)
+    df = df.copy()
+    df.loc[noise, [c for c in ("bwd_ms", "bwd_tflops") if c in df]] = float("nan")
+    return df, int(noise.sum())
+
+
+def _ratios(num: pd.Series, den: pd.Series) -> dict:
+    """fwd, bwd and fwd_bwd of `num` over `den`; None for a part either lacks (a backward within the noise)."""
+    out = {}
+    for part in ("fwd", "bwd", "fwd_bwd"):
+        a, b = num.get(f"{part}_ms"), den.get(f"{part}_ms")
+        out[part] = None if pd.isna(a) or pd.isna(b) else float(a / b)
+    return out
+
+
 def _kernel_label(name: str, nth: int, count: int) -> str:
     """Our backward launches `backward_kernel` once per kind of program (dQ first) when split."""
     if name == "backward_kernel" and count == 2:
@@ -90,7 +110,7 @@ def gluon(df: pd.DataFrame, out: Path) -> dict | None:
     (GPU, shape), each Gluon configuration's time over cuDNN's (forward, backward, both); None without any."""
     if df.empty:
         return None
-    df = df.assign(gpu=[gpu_label(r) for _, r in df.iterrows()])
+    df, noise = _backward_in_noise(df.assign(gpu=[gpu_label(r) for _, r in df.iterrows()]))
     rows, editions = [], []
     for (gpu, edition), part in df.groupby(["gpu", "edition"], sort=True):
         ok = part[part.status == "ok"].set_index("impl")
@@ -103,22 +123,21 @@ def gluon(df: pd.DataFrame, out: Path) -> dict | None:
         ratios = {}
         if "sdpa_cudnn" in ok.index:
             base = ok.loc["sdpa_cudnn"]
-            ratios = {impl: {p: float(ok.loc[impl, f"{p}_ms"] / base[f"{p}_ms"]) for p in ("fwd", "bwd", "fwd_bwd")}
-                      for impl in ok.index if impl != "sdpa_cudnn"}
+            ratios = {impl: _ratios(ok.loc[impl], base) for impl in ok.index if impl != "sdpa_cudnn"}
         editions.append({"gpu": gpu, "edition": edition, "ratios": ratios,
                          "clock_mhz": _clock_by_impl(ok)})
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
     return {"table": save_table(_whole_numbers(table), out, "leaderboard_gluon", digits=3, data=table),
-            "editions": editions, "gpus": sorted(set(df["gpu"]))}
+            "editions": editions, "gpus": sorted(set(df["gpu"])), "backward_in_noise": noise}
 
 
 def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms: dict) -> None:
     """Both leaderboards' attention shapes: forward, backward, both; ours against SDPA's backends."""
     if df.empty:
         return
-    df = df.copy()
+    df, ctx.lb_backward_in_noise = _backward_in_noise(df)
     if "edition" not in df:
         df["edition"] = "2025"
     df["gpu"] = [gpu_label(r) for _, r in df.iterrows()]
@@ -140,10 +159,9 @@ def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms
         entry = {"gpu": gpu, "edition": edition, "shape": _shape_text(part.iloc[0]), "ratios": {}}
         if "ours" in ok.index and "fwd_ms" in ok:
             ours = ok.loc["ours"]
-            entry["ours"] = {k: float(ours[k]) for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
-            entry["ratios"] = {impl: {part_: float(ours[f"{part_}_ms"] / ok.loc[impl, f"{part_}_ms"])
-                                      for part_ in ("fwd", "bwd", "fwd_bwd")}
-                               for impl in ok.index if impl != "ours"}
+            entry["ours"] = {k: None if pd.isna(ours[k]) else float(ours[k])
+                             for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+            entry["ratios"] = {impl: _ratios(ours, ok.loc[impl]) for impl in ok.index if impl != "ours"}
             entry["tiles"] = {k: ours.get(k) for k in ("forward_tiles", "backward_tiles")
                               if isinstance(ours.get(k), str)}
         entry["clock_mhz"] = _clock_by_impl(ok)

@@ -34,8 +34,7 @@ FIGURE_STYLE = {
 }
 plt.rcParams.update(FIGURE_STYLE)
 
-# Report order of model sizes (registry order), used to sort tables and x axes.
-# Report order of model sizes: the smoke grid's tiny ones first, then the registry's order.
+# Report order of model sizes (tables, x axes): the smoke grid's tiny ones first, then the registry's order.
 SIZE_ORDER = [*SMOKE_SIZES, *(s for s in SIZES if s not in SMOKE_SIZES)]
 
 
