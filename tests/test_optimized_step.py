@@ -374,6 +374,30 @@ def test_the_steps_attention_tiles_match_float64_at_the_steps_shape(d, fresh_see
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+def test_a_projected_block_with_our_attention_compiles_as_one_graph():
+    # at d_head 64 the step's backward tiles are a string that FlashAttention2Triton's forward parses; traced
+    # with `re`'s cache empty (as a step process's first trace may find it), torch 2.11 broke the block in
+    # two graphs at the attention (notes/runs/2026-11-28-cpu-dynamo-regex)
+    import re
+
+    from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS, joined_rotary_tables
+
+    step = build_optimized_step(OptimizedSpec("small", 256, techniques=("fused_adamw", "flash", "bf16_weights",
+                                                                        "fused_projections"), compile="eager"),
+                                "cuda")
+    rope, params = step.model.layers[0].attn.rope, step.block_params[0]
+    assert step.model.layers[0].attn.d_head in STEP_TILES and STEP_TILES[64][1]
+    x = torch.randn(step.spec.batch, 256, step.model.lm_head.weight.shape[1], device="cuda", requires_grad=True)
+    re.purge()
+    torch._dynamo.reset()
+    with autocast("bf16", "cuda"):
+        explanation = torch._dynamo.explain(step.block_fn)(x, *(params[n] for n in PROJECTED_BLOCK_INPUTS),
+                                                           *joined_rotary_tables(rope.cos[:256], rope.sin[:256]))
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
 @pytest.mark.parametrize("techniques", [TECHNIQUES, ("fused_adamw", "flash", "bf16_weights"), ("cuda_graph",),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights"),
                                         ("fused_adamw", "adamw_in_backward"),

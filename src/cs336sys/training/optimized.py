@@ -539,7 +539,22 @@ def step_flash_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     from cs336sys.attention.flash_triton import FlashAttention2Triton
 
     forward, backward = STEP_TILES.get(q.shape[-1], (None, None)) if q.is_cuda else (None, None)
-    return FlashAttention2Triton.apply(q, k, v, True, "tf32", forward, backward)
+    return FlashAttention2Triton.apply(q, k, v, True, "tf32", forward, parsed_untraced(backward))
+
+
+@torch.compiler.assume_constant_result
+def parsed_untraced(backward_tiles: str | None) -> str | None:
+    """`backward_tiles`, after parsing them eagerly: under torch.compile Dynamo calls this rather than
+    tracing it, just before it traces `FlashAttention2Triton`'s forward, which parses them again. That
+    second parse then finds its pattern in `re`'s cache. Compiling a pattern afresh runs `re`'s
+    compiler in Python, which torch 2.11's Dynamo (the GPU hosts') cannot trace: the block fell back to
+    two graphs split at the attention, with the block input's two gradients summed by an eager add
+    (notes/runs/2026-11-28-cpu-dynamo-regex). torch 2.13's Dynamo traces it."""
+    if backward_tiles:
+        from cs336sys.attention.flash_configs import BackwardConfig
+
+        BackwardConfig.parse(backward_tiles)
+    return backward_tiles
 
 
 def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
