@@ -57,8 +57,8 @@ def test_a_pin_holds_while_the_records_hold_its_hash(tmp_path, monkeypatch):
     assert pins.state(H1, H3, outs, at=H2) == "outdated" and pins.code_for("r", H3, outs, pin) == H3
     pin[0].outputs = {"r": outs}
     assert pins.for_report(pin, {"r": H2}, experiment_of={"r": "precision"}) == [
-        {"rules": ["r"], "what": "precision", "reason": "a message changed", "results_commit": "?",
-         "pinned_at": "?"}]
+        {"rules": ["r"], "what": "precision", "reason": "a message changed", "changes": ["a message changed"],
+         "results_commit": "?", "pinned_at": "?"}]
     assert pins.for_report(pin, {"r": H1}) == []  # the code is back where the results were made
     assert pins.state(H1, H1, outs) == "unneeded" and pins.code_for("r", H1, outs, pin) == H1
     write_record(Path(".snakemake/metadata"), outs[1], H3)  # one result re-made with other code
@@ -128,3 +128,11 @@ def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
     meta.write_text(meta.read_text().replace(H3, H2))  # re-made once more: spent again, and pruned
     assert f"{rule}: spent, removed" in cli(repo, "prune").stdout
     assert all(rule not in p.rules for p in pins.load(repo / "workflow" / "pins.yaml"))
+
+
+def test_a_pin_extended_across_changes_lists_each_change_in_order():
+    # `add` extends an outdated pin's reason with ". Then: "; the report lists the changes one by one
+    reason = "a message changed. Then: an option, off by default. Then: a refactor."
+    assert pins.changes(reason) == ["a message changed", "an option, off by default", "a refactor"]
+    assert pins.changes("one change, e.g. a message. Then again, nothing else.") == [
+        "one change, e.g. a message. Then again, nothing else"]

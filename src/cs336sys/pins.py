@@ -144,9 +144,15 @@ def for_report(pins: list[Pin], live: dict[str, str], metadata: Path = METADATA,
                 e = (experiment_of or {}).get(r, r)
                 count[e] = count.get(e, 0) + 1
             what = ", ".join(f"{e} ({n} jobs)" if n > 1 else e for e, n in count.items())
-            shown.append({"rules": rules, "what": what, "reason": p.reason,
+            shown.append({"rules": rules, "what": what, "reason": p.reason, "changes": changes(p.reason),
                           "results_commit": p.results_commit or "?", "pinned_at": (p.pinned_at or "?")[:10]})
     return shown
+
+
+def changes(reason: str) -> list[str]:
+    """A pin's reason as the code changes it vouches for, in order: `add` extends an outdated pin's reason
+    with ". Then: " and the next change's."""
+    return [part.rstrip(".") for part in reason.split(". Then: ")]
 
 
 # --- the command line --------------------------------------------------------------------------------
