@@ -204,5 +204,5 @@ def test_a_backward_within_the_timing_noise_is_blank_and_the_caption_says_why(tm
     text = render_section("attention", as_json(ctx), TEMPLATES)
     assert lint.problems(text) == []
     assert "a blank backward: the forward alone timed no faster than forward+backward" in text
-    assert f"({noisy} of the points)" in text
+    assert f"({noisy} points)" in text
     assert "backward n/a" in next(r["result"] for r in ctx.summary if r["part"].startswith("Our FlashAttention-2"))
