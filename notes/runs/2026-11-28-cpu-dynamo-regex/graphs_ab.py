@@ -1,4 +1,4 @@
-"""For the next GPU session (written on the CPU, not yet run): the optimised step with each d 64 block
+"""A GPU probe (written on the CPU): the optimised step with each d 64 block
 compiled as one graph (as built since 61ebc28) against two (the backward tiles traced with `re`'s cache
 empty, as before it), and one graph with Inductor's GEMM templates (max-autotune, epilogues such as
 SwiGLU's product and the residual adds fused into the products), in one process with alternating builds
@@ -6,6 +6,9 @@ SwiGLU's product and the residual adds fused into the products), in one process 
 count and GPU time of one profiled replay.
 
     PYTHONPATH=src python notes/runs/2026-11-28-cpu-dynamo-regex/graphs_ab.py medium small
+    PYTHONPATH=src python notes/runs/2026-11-28-cpu-dynamo-regex/graphs_ab.py medium:gemm,one   # these, once
+
+Run on the H100 at 506f754: ../2026-11-28-h100-one-graph.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import gc
 import re
 import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -38,7 +42,9 @@ def measure(size: str, variant: str) -> None:
     optimized.INDUCTOR_OPTIONS.update(options)
     torch._dynamo.reset()
     re.purge()  # as a fresh process finds it: the backward tiles' pattern not cached
+    start = time.perf_counter()
     step = build_optimized_step(OptimizedSpec(size, 512, techniques=TECHNIQUES), "cuda")
+    print(f"{size:7s} {variant:5s}: built in {time.perf_counter() - start:.0f} s", flush=True)
     times = time_steps(step.run, 10, 30, "cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step.run()
@@ -54,6 +60,7 @@ def measure(size: str, variant: str) -> None:
 
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
-    for size in sys.argv[1:]:
-        for variant in ("one", "two", "gemm", "one", "two", "gemm"):
+    for arg in sys.argv[1:]:
+        size, _, chosen = arg.partition(":")
+        for variant in chosen.split(",") if chosen else ("one", "two", "gemm", "one", "two", "gemm"):
             measure(size, variant)
