@@ -316,25 +316,33 @@ def test_padding_the_head_dimension_keeps_attention_and_its_gradients(fresh_seed
         pad_head_dim(only_pow2)(*(t[..., :1].expand(2, 3, 40, 200) for t in (q, k, v)))
 
 
-def test_attention_gets_the_heads_contiguous(fresh_seed):
-    # the heads as the model makes them: a transposed view of (batch, seq, heads, d)
+def test_attention_gets_the_heads_and_its_outputs_gradient_contiguous(fresh_seed):
+    # the heads as the model makes them: a transposed view of (batch, seq, heads, d); the output goes back
+    # the same way, so its gradient arrives as a transposed view of the output projection's gradient
     q, k, v = (torch.randn(2, 40, 3, 64, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    layouts = []
+    weight = torch.randn(5, 3 * 64, dtype=torch.float64)
+    layouts, grad_layouts = [], []
 
     def record(q, k, v):
         layouts.append([t.is_contiguous() for t in (q, k, v)])
-        return naive_causal_attention(q, k, v)
+        out = naive_causal_attention(q, k, v)
+        out.register_hook(lambda g: grad_layouts.append(g.is_contiguous()))
+        return out
+
+    def projected(attention, views):
+        return attention(*views).transpose(1, 2).flatten(-2) @ weight.T
 
     views = [t.transpose(1, 2) for t in (q, k, v)]
     assert not any(t.is_contiguous() for t in views)
-    out = pad_head_dim(record)(*views)
+    out = projected(pad_head_dim(record), views)
     assert layouts == [[True, True, True]]
     grad = torch.randn_like(out)
-    ref = naive_causal_attention(*views)
+    ref = projected(naive_causal_attention, views)
     torch.testing.assert_close(out, ref)
     for g, r in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad),
                     strict=True):
         torch.testing.assert_close(g, r)
+    assert grad_layouts == [True]
 
 
 def test_padding_the_head_dimension_compiles_in_one_graph():

@@ -557,6 +557,19 @@ def parsed_untraced(backward_tiles: str | None) -> str | None:
     return backward_tiles
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward hands the gradient on contiguous: inside a compiled function the
+    copy is Inductor's, where the next node would otherwise make it eagerly (`pad_head_dim`)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.contiguous()
+
+
 def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD_DIMS) -> AttentionFn:
     """`attention` for any head dimension up to max(head_dims): q, k, v zero-padded to the next one it
     takes, and the output cut back. Zero columns add nothing to q k^T, and the padded output columns
@@ -565,12 +578,15 @@ def pad_head_dim(attention: AttentionFn, head_dims: tuple[int, ...] = FLASH_HEAD
     q, k and v reach `attention` contiguous: the heads are a transposed view of the projections, and
     the Triton kernels copy such a view into their layout, in the forward and again (the saved views)
     in the backward. Made contiguous here, inside the compiled block, the copies of q and k are fused
-    into RoPE's kernel, and the autograd.Function saves the contiguous tensors."""
+    into RoPE's kernel, and the autograd.Function saves the contiguous tensors. The output's gradient
+    reaches the attention's backward contiguous too (`_ContiguousGrad`): it arrives as a transposed view
+    of the output projection's product, which the kernels' backward copied with torch's own copy kernel,
+    outside Inductor's (0.2 ms a step at medium on one H100, notes/runs/2026-11-28-h100-inductor-kernels)."""
 
     def padded(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         d = q.shape[-1]
         if d in head_dims:
-            return attention(q.contiguous(), k.contiguous(), v.contiguous())
+            return _ContiguousGrad.apply(attention(q.contiguous(), k.contiguous(), v.contiguous()))
         wider = sorted(w for w in head_dims if w > d)  # (not min(..., default=): a graph break under compile)
         if not wider:
             raise ValueError(f"head dimension {d} is above the largest the attention takes ({max(head_dims)})")
