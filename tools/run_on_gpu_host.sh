@@ -4,13 +4,16 @@
 #
 #   CS336SYS_GIT_COMMIT=$(git rev-parse HEAD) tools/run_on_gpu_host.sh SECONDS TARGET...
 #
-# TARGETs are rule names or result files (`snakemake --list-rules`). Installs Snakemake from the
-# wheels in .whl/ when it is missing (build them where pip works: ../shared/device/wheelhouse.sh
-# .whl), gives the run a time limit (jobs cut off are redone by the next run), and packs results/,
-# benchmarks/, .snakemake/metadata and logs/ into $OUT/results.tgz (or ./results.tgz): unpack that
-# into the checkout and commit it. CS336SYS_GIT_COMMIT names the commit whose code runs, since the
-# copy has no .git; the tree must be that commit's (CS336SYS_GIT_DIRTY=0 says so). Jobs run one at a time
-# (-c1): nothing else disturbs a timing, CPU-only (gloo) jobs included.
+# TARGETs are rule names or result files (`snakemake --list-rules`), and may end with Snakemake options:
+# a pinned job (workflow/pins.yaml) counts as up to date, so re-making one that waits for a GPU takes
+# `TARGET... --config pins=off` (its pin is spent once the results are unpacked here: `python -m
+# cs336sys.pins prune`). Installs Snakemake from the wheels in .whl/ when it is missing (build them
+# where pip works: ../shared/device/wheelhouse.sh .whl), gives the run a time limit (jobs cut off are
+# redone by the next run), and packs results/, benchmarks/, .snakemake/metadata and logs/ into
+# $OUT/results.tgz (or ./results.tgz): unpack that into the checkout and commit it.
+# CS336SYS_GIT_COMMIT names the commit whose code runs, since the copy has no .git; the tree must be
+# that commit's (CS336SYS_GIT_DIRTY=0 says so). Jobs run one at a time (-c1): nothing else disturbs a
+# timing, CPU-only (gloo) jobs included.
 #
 #   tools/run_on_gpu_host.sh tests [PYTEST_ARG...]
 #
