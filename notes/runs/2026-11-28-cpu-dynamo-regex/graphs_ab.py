@@ -8,6 +8,9 @@ count and GPU time of one profiled replay.
     PYTHONPATH=src python notes/runs/2026-11-28-cpu-dynamo-regex/graphs_ab.py medium small
     PYTHONPATH=src python notes/runs/2026-11-28-cpu-dynamo-regex/graphs_ab.py medium:gemm,one   # these, once
 
+eagercopy: one graph, with the attention's output gradient left as it comes (a transposed view, which
+the kernels' backward copies eagerly), as before dfe06aa (../2026-11-28-cpu-contiguous-grad).
+
 Run on the H100 at 506f754: ../2026-11-28-h100-one-graph.
 """
 
@@ -28,30 +31,38 @@ from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
 
 TECHNIQUES = ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward", "fused_projections",
               "compiled_loss")
-UNTRACED, OPTIONS = optimized.parsed_untraced, dict(optimized.INDUCTOR_OPTIONS)
-VARIANTS = {
-    "one": (UNTRACED, OPTIONS),
-    "two": (lambda tiles: tiles, OPTIONS),
-    "gemm": (UNTRACED, OPTIONS | {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"}),
+UNTRACED, OPTIONS, CONTIGUOUS = optimized.parsed_untraced, dict(optimized.INDUCTOR_OPTIONS), optimized._ContiguousGrad
+
+
+class AsItComes:  # eagercopy: the output's gradient left as a transposed view, as before dfe06aa
+    apply = staticmethod(lambda x: x)
+
+
+VARIANTS = {  # (the tiles' parse, Inductor's options, the output's gradient)
+    "one": (UNTRACED, OPTIONS, CONTIGUOUS),
+    "two": (lambda tiles: tiles, OPTIONS, CONTIGUOUS),
+    "gemm": (UNTRACED, OPTIONS | {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON,ATEN"},
+             CONTIGUOUS),
+    "eagercopy": (UNTRACED, OPTIONS, AsItComes),
 }
 
 
 def measure(size: str, variant: str) -> None:
-    optimized.parsed_untraced, options = VARIANTS[variant]
+    optimized.parsed_untraced, options, optimized._ContiguousGrad = VARIANTS[variant]
     optimized.INDUCTOR_OPTIONS.clear()
     optimized.INDUCTOR_OPTIONS.update(options)
     torch._dynamo.reset()
     re.purge()  # as a fresh process finds it: the backward tiles' pattern not cached
     start = time.perf_counter()
     step = build_optimized_step(OptimizedSpec(size, 512, techniques=TECHNIQUES), "cuda")
-    print(f"{size:7s} {variant:5s}: built in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"{size:7s} {variant:9s}: built in {time.perf_counter() - start:.0f} s", flush=True)
     times = time_steps(step.run, 10, 30, "cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step.run()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     inductor = sum(e.device_time for e in kernels if e.name.startswith("triton_")) / 1e3
-    print(f"{size:7s} {variant:5s}: step median {statistics.median(times):7.3f} ms (min {min(times):7.3f}); "
+    print(f"{size:7s} {variant:9s}: step median {statistics.median(times):7.3f} ms (min {min(times):7.3f}); "
           f"{len(kernels)} kernels, Inductor's {inductor:.2f} ms", flush=True)
     del step
     gc.collect()
