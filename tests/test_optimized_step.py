@@ -222,6 +222,31 @@ def test_the_joined_tables_leave_v_exactly_as_it_is_and_rotate_q_and_k_as_the_mo
                                rtol=0, atol=0)
 
 
+def test_the_blocks_get_the_rotary_tables_cast_once_and_compute_the_same_bits(fresh_seed):
+    # the step casts the joined tables to bf16 once, so no block casts them again; a block fed the fp32
+    # tables (rotate_pairs casting them itself, as before) gives the same output and gradients bit for bit
+    from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS, joined_rotary_tables
+
+    step = build_optimized_step(OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights",
+                                                                      "fused_projections"), compile="eager",
+                                              seed=fresh_seed), "cpu")
+    seen, block_fn = [], step.block_fn
+    step.block_fn = lambda *args: seen.append(args[-2:]) or block_fn(*args)
+    step.forward_backward()
+    assert len(seen) == len(step.model.layers)
+    assert {(c.dtype, s.dtype) for c, s in seen} == {(torch.bfloat16, torch.bfloat16)}
+    assert all(c is seen[0][0] and s is seen[0][1] for c, s in seen)  # one pair for every block and step
+    rope, params = step.model.layers[0].attn.rope, step.block_params[0]
+    weights = [params[n].detach().requires_grad_() for n in PROJECTED_BLOCK_INPUTS]
+    x = torch.randn(2, 32, step.model.lm_head.weight.shape[1], requires_grad=True)
+    results = []
+    for tables in (step.rotary_tables, joined_rotary_tables(rope.cos[:32], rope.sin[:32])):
+        with autocast("bf16", "cpu"):
+            out = block_fn(x, *weights, *tables)
+        results.append((out, *torch.autograd.grad(out, (x, *weights), torch.ones_like(out))))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
 def test_fused_projections_compile_one_graph_for_every_block(fresh_seed):
     # compiled, the joined products stay within bf16 rounding of the plain compiled step, and Dynamo
     # traced the block's function once: every block reuses its graph (no recompilation per block)
@@ -388,19 +413,19 @@ def test_a_projected_block_with_our_attention_compiles_as_one_graph():
     # two graphs at the attention (notes/runs/2026-11-28-cpu-dynamo-regex)
     import re
 
-    from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS, joined_rotary_tables
+    from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS
 
     step = build_optimized_step(OptimizedSpec("small", 256, techniques=("fused_adamw", "flash", "bf16_weights",
                                                                         "fused_projections"), compile="eager"),
                                 "cuda")
-    rope, params = step.model.layers[0].attn.rope, step.block_params[0]
+    params = step.block_params[0]
     assert step.model.layers[0].attn.d_head in STEP_TILES and STEP_TILES[64][1]
     x = torch.randn(step.spec.batch, 256, step.model.lm_head.weight.shape[1], device="cuda", requires_grad=True)
     re.purge()
     torch._dynamo.reset()
     with autocast("bf16", "cuda"):
         explanation = torch._dynamo.explain(step.block_fn)(x, *(params[n] for n in PROJECTED_BLOCK_INPUTS),
-                                                           *joined_rotary_tables(rope.cos[:256], rope.sin[:256]))
+                                                           *step.rotary_tables)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
 
 

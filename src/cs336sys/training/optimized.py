@@ -287,6 +287,7 @@ class OptimizedStep:
     in_backward: BackwardAdamW | None = None  # the optimizer's updates, made in the backward (adamw_in_backward)
     block_fn: Callable[..., Tensor] | None = None  # every block's forward over joined projections (fused_projections)
     loss_fn: Callable[..., Tensor] | None = None  # the final norm, LM head and loss, compiled (compiled_loss)
+    rotary_tables: tuple[Tensor, Tensor] | None = None  # block_fn's cos and sin, in bf16 (fused_projections)
 
     def _fused_logits(self) -> Tensor:
         """Without bf16_weights: the logits of the fused blocks."""
@@ -306,10 +307,8 @@ class OptimizedStep:
             for block, params in zip(model.layers, self.block_params, strict=True):
                 x = bf16_block_forward(block, params, x)
         elif self.block_fn is not None:
-            rope = model.layers[0].attn.rope  # (every block's tables are the same)
-            cos, sin = joined_rotary_tables(rope.cos[: x.shape[-2]], rope.sin[: x.shape[-2]])
             for params in self.block_params:
-                x = self.block_fn(x, *(params[name] for name in PROJECTED_BLOCK_INPUTS), cos, sin)
+                x = self.block_fn(x, *(params[name] for name in PROJECTED_BLOCK_INPUTS), *self.rotary_tables)
         else:  # the model's blocks (compiled in place with compile "blocks") over the copies
             for block, params in zip(model.layers, self.block_params, strict=True):
                 x = functional_call(block, {name: p for name, p in params.items() if name in MATRICES}, (x,),
@@ -645,6 +644,12 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
     step = OptimizedStep(spec, model, plain.module, plain.optimizer, plain.tokens, plain.targets, device, blocks,
                          head, dict(plain.info))
     if spec.uses("fused_projections") and not spec.uses("fused_elementwise"):
+        # the joined tables, made once and cast once to the products' dtype: rotate_pairs' own cast is then
+        # the identity (the same values), where every block cast both, in the forward (48 kernels a step at
+        # medium, with the tables' own half dozen)
+        rope = model.layers[0].attn.rope  # (every block's tables are the same)
+        step.rotary_tables = tuple(t.to(torch.bfloat16) for t in joined_rotary_tables(
+            rope.cos[: spec.context_length], rope.sin[: spec.context_length]))
         forward = projected_block(model.layers[0])
         step.block_fn = torch.compile(forward, options=INDUCTOR_OPTIONS) if spec.compile == "blocks" else forward
     if spec.uses("compiled_loss"):
