@@ -72,17 +72,21 @@ def assert_close_to_plain(plain, optimized, loss_rtol: float, max_flipped: float
                                         ("fused_adamw", "bf16_weights", "compiled_loss"),
                                         ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections",
                                          "compiled_loss"),
-                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "compiled_loss")])
+                                        ("fused_adamw", "fused_elementwise", "bf16_weights", "compiled_loss"),
+                                        ("fused_adamw", "bf16_weights", "fused_projections", "backward_kernels"),
+                                        ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections",
+                                         "compiled_loss", "backward_kernels")])
 def test_optimized_step_matches_the_plain_step_on_cpu(techniques, fresh_seed):
     # On the CPU the fused ops are the model's torch ops and the fused AdamW is the reference's, and
     # bf16 weights through the model's forward are what autocast casts: bitwise the plain step. With
     # the fused forward, bf16 weights sum a norm's three bf16 input gradients in bf16 (autocast
     # upcasts each first), a rounding of the residual stream's gradient; joined projections sum them
-    # inside one product, rounded once; the compiled loss reduces in Inductor's order.
+    # inside one product, rounded once; the compiled loss reduces in Inductor's order; the norms' backward
+    # (backward_kernels) sums in its own.
     plain = two_steps_plain("tiny", 32, fresh_seed, "cpu")
     optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", techniques)
     if not ({"bf16_weights", "fused_elementwise"} <= set(techniques)
-            or {"fused_projections", "compiled_loss"} & set(techniques)):
+            or {"fused_projections", "compiled_loss", "backward_kernels"} & set(techniques)):
         assert plain[0] == optimized[0]
         assert all(torch.equal(plain[1][n], optimized[1][n]) for n in plain[1])
     assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
@@ -260,6 +264,20 @@ def test_fused_projections_compile_one_graph_for_every_block(fresh_seed):
     assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
 
 
+def test_the_kernel_blocks_compile_two_graphs_for_every_block(fresh_seed):
+    # with backward_kernels the first block, which has no branch to add, has a graph of its own; every
+    # other block reuses the second (and nothing breaks a graph)
+    from torch._dynamo.utils import counters
+
+    plain = two_steps_plain("tiny", 32, fresh_seed, "cpu", compile_mode="blocks")
+    counters.clear()
+    optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", ("fused_adamw", "bf16_weights",
+                                                                    "fused_projections", "backward_kernels"),
+                                    compile_mode="blocks")
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"], dict(counters["stats"])
+    assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
+
+
 def test_adamw_in_the_backward_updates_each_parameter_once_its_gradient_is_final(fresh_seed):
     # the hooks fire during the backward: the optimizer step is left with nothing to do, every
     # parameter moved by the update of its own gradient (the plain step's, bitwise on the CPU), and a
@@ -407,7 +425,8 @@ def test_the_steps_attention_tiles_match_float64_at_the_steps_shape(d, fresh_see
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
-def test_a_projected_block_with_our_attention_compiles_as_one_graph():
+@pytest.mark.parametrize("kernels", [(), ("backward_kernels",)])
+def test_a_projected_block_with_our_attention_compiles_as_one_graph(kernels):
     # at d_head 64 the step's backward tiles are a string that FlashAttention2Triton's forward parses; traced
     # with `re`'s cache empty (as a step process's first trace may find it), torch 2.11 broke the block in
     # two graphs at the attention (notes/runs/2026-11-28-cpu-dynamo-regex)
@@ -416,15 +435,16 @@ def test_a_projected_block_with_our_attention_compiles_as_one_graph():
     from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS
 
     step = build_optimized_step(OptimizedSpec("small", 256, techniques=("fused_adamw", "flash", "bf16_weights",
-                                                                        "fused_projections"), compile="eager"),
-                                "cuda")
+                                                                        "fused_projections", *kernels),
+                                              compile="eager"), "cuda")
     params = step.block_params[0]
     assert step.model.layers[0].attn.d_head in STEP_TILES and STEP_TILES[64][1]
     x = torch.randn(step.spec.batch, 256, step.model.lm_head.weight.shape[1], device="cuda", requires_grad=True)
+    branch = (x.detach().to(torch.bfloat16).requires_grad_(),) if kernels else ()  # (a block after the first)
     re.purge()
     torch._dynamo.reset()
     with autocast("bf16", "cuda"):
-        explanation = torch._dynamo.explain(step.block_fn)(x, *(params[n] for n in PROJECTED_BLOCK_INPUTS),
+        explanation = torch._dynamo.explain(step.block_fn)(x, *branch, *(params[n] for n in PROJECTED_BLOCK_INPUTS),
                                                            *step.rotary_tables)
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
 
@@ -436,7 +456,9 @@ def test_a_projected_block_with_our_attention_compiles_as_one_graph():
                                         ("fused_adamw", "adamw_in_backward"),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward"),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
-                                         "fused_projections", "compiled_loss")])
+                                         "fused_projections", "compiled_loss"),
+                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
+                                         "fused_projections", "compiled_loss", "backward_kernels")])
 def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
     # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
     # the compiled blocks), replayed from a CUDA graph or not, against the plain step compiled per block.

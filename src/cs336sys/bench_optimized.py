@@ -41,7 +41,8 @@ class OptimizedStepSettings:
     """The name the report gives this point ("plain", "+ fused AdamW", ...)."""
     techniques: tuple[str, ...] = ()
     """Speed-ups applied: any of fused_adamw | fused_elementwise | flash | bf16_weights | cuda_graph |
-    adamw_in_backward | fused_projections | compiled_loss (`cs336sys.training.optimized.TECHNIQUES`)."""
+    adamw_in_backward | fused_projections | compiled_loss | backward_kernels
+    (`cs336sys.training.optimized.TECHNIQUES`)."""
     compile: str = "blocks"
     """torch.compile of the model's own forward (without fused_elementwise): eager | blocks | full."""
     batch_size: int | None = None

@@ -23,12 +23,14 @@ LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused
           "bf16_weights": "+ bf16 weights kept across steps", "cuda_graph": "+ CUDA graph (forward+backward)",
           "adamw_in_backward": "+ AdamW updates inside the backward",
           "fused_projections": "+ q/k/v and w1/w3 as one product each",
-          "compiled_loss": "+ final norm, LM head and loss compiled"}
+          "compiled_loss": "+ final norm, LM head and loss compiled",
+          "backward_kernels": "+ our RoPE and RMSNorm backward kernels"}
 PROSE = {"fused_adamw": "the fused AdamW", "cuda_graph": "the CUDA graph", "flash": "our FlashAttention-2",
          "bf16_weights": "keeping bf16 weights",
          "fused_elementwise": "the fused RMSNorm/SwiGLU/RoPE kernels (eager blocks)",
          "adamw_in_backward": "the AdamW updates inside the backward",
-         "fused_projections": "the joined projections", "compiled_loss": "the compiled loss"}
+         "fused_projections": "the joined projections", "compiled_loss": "the compiled loss",
+         "backward_kernels": "our RoPE and RMSNorm backward kernels"}
 # The step's target against its roofline: the "2.7B" within 1.2x, every other size that fits within 1.3x.
 TARGET_X_ROOFLINE = {"2.7B": 1.2}
 DEFAULT_TARGET_X_ROOFLINE = 1.3
@@ -136,7 +138,7 @@ def _power_capped(data: pd.DataFrame) -> dict:
 SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA graph", "flash": "flash",
          "bf16_weights": "bf16 weights", "fused_elementwise": "fused elementwise",
          "adamw_in_backward": "AdamW in backward", "fused_projections": "joined projections",
-         "compiled_loss": "compiled loss"}
+         "compiled_loss": "compiled loss", "backward_kernels": "backward kernels"}
 
 
 def _compact(ok: pd.DataFrame) -> pd.DataFrame:

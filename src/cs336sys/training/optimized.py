@@ -43,6 +43,12 @@ built by it. The techniques (`TECHNIQUES`; the benchmark's series in config/main
   every block with compile "blocks"). Needs `bf16_weights`.
 - `compiled_loss`: the final norm, the LM head and the cross-entropy compiled as one function
   (`head_loss`), where they ran eager after the compiled blocks. Needs `bf16_weights`.
+- `backward_kernels`: the blocks run `kernel_block`, `projected_block` with two backwards of our own
+  (`cs336sys.training.step_kernels`), where Inductor's ran below the copy bandwidth: RoPE's, one
+  kernel from the attention's three gradients into the joined projection's, and each norm's, one pass
+  that also sums the weight's gradient and adds the residual's (each residual add moves into the
+  norm after it, the block's last into the next block's first). Needs `fused_projections`; with
+  `fused_elementwise` (blocks with hand-written backwards of their own) it changes nothing.
 
 The step's own compiled functions (`projected_block`, `head_loss`, not the model's blocks) are
 compiled with Inductor's coordinate-descent tuning of each kernel's launch (`INDUCTOR_OPTIONS`): on one
@@ -74,9 +80,10 @@ from cs336sys.sizes import get_size
 from cs336sys.training.step import COMPILE, StepSpec, build_step
 
 TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph", "adamw_in_backward",
-              "fused_projections", "compiled_loss")
+              "fused_projections", "compiled_loss", "backward_kernels")
 NEEDS = {"bf16_weights": ("fused_adamw",), "adamw_in_backward": ("fused_adamw",),
-         "fused_projections": ("bf16_weights",), "compiled_loss": ("bf16_weights",)}
+         "fused_projections": ("bf16_weights",), "compiled_loss": ("bf16_weights",),
+         "backward_kernels": ("fused_projections",)}
 FLASH_HEAD_DIMS = (16, 32, 64, 128)  # what our Triton kernels are compiled for
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
             "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
@@ -299,13 +306,20 @@ class OptimizedStep:
             x = fused_block_forward(block, params, x)
         return model.lm_head(rms_norm_to(x, model.ln_final.weight, model.ln_final.eps, x.dtype))
 
-    def _hidden(self) -> Tensor:
-        """With bf16_weights: the last block's output (fp32, the residual stream), before the final norm."""
+    def _hidden(self) -> tuple[Tensor, Tensor | None]:
+        """With bf16_weights: the last block's output (fp32, the residual stream), before the final norm,
+        as (x, None), or as (x, branch) whose sum it is (`kernel_block`)."""
         model = self.model
         x = model.token_embeddings(self.tokens)  # fp32, as under autocast (a lookup is not cast)
         if self.spec.uses("fused_elementwise"):
             for block, params in zip(model.layers, self.block_params, strict=True):
                 x = bf16_block_forward(block, params, x)
+        elif self.block_fn is not None and self.spec.uses("backward_kernels"):
+            branch = None
+            for params in self.block_params:
+                x, branch = self.block_fn(x, branch, *(params[name] for name in PROJECTED_BLOCK_INPUTS),
+                                          *self.rotary_tables)
+            return x, branch
         elif self.block_fn is not None:
             for params in self.block_params:
                 x = self.block_fn(x, *(params[name] for name in PROJECTED_BLOCK_INPUTS), *self.rotary_tables)
@@ -313,15 +327,17 @@ class OptimizedStep:
             for block, params in zip(model.layers, self.block_params, strict=True):
                 x = functional_call(block, {name: p for name, p in params.items() if name in MATRICES}, (x,),
                                     strict=False)
-        return x
+        return x, None
 
     def _loss(self) -> Tensor:
         if not self.spec.uses("bf16_weights"):
             logits = self._fused_logits() if self.spec.uses("fused_elementwise") else self.module(self.tokens)
             return cross_entropy(logits, self.targets)
-        x, norm = self._hidden(), self.model.ln_final
+        (x, branch), norm = self._hidden(), self.model.ln_final
         if self.loss_fn is not None:
-            return self.loss_fn(x, norm.weight, self.head_weight, self.targets)
+            return self.loss_fn(x, norm.weight, self.head_weight, self.targets, branch)
+        if branch is not None:
+            x = x + branch
         if self.spec.uses("fused_elementwise"):  # (the norm writes bf16, what autocast casts it to)
             return cross_entropy(rms_norm_to(x, norm.weight, norm.eps, torch.bfloat16) @ self.head_weight.T,
                                  self.targets)
@@ -493,14 +509,108 @@ def projected_block(block: TransformerBlock) -> Callable[..., Tensor]:
     return forward
 
 
-def head_loss(eps: float) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """f(x, norm weight, LM head weight, targets): the final RMSNorm (`eps`), the LM head and the mean
-    cross-entropy (`cs336sys.optim.cross_entropy`) of the residual stream x: the ops the step runs
-    after the last block, as one function to compile. Eager, they make about twenty passes over the
-    (tokens, vocabulary) logits, forward and backward, most of them upcast to fp32."""
+class _RotaryHeads(torch.autograd.Function):
+    """`projected_block`'s RoPE and head layout, q, k, v = rotate_pairs(projected).permute(...).contiguous()
+    for projected (batch, seq, 3, heads, d_head): the forward is those ops (compiled, Inductor's one
+    kernel), the backward `step_kernels.rotary_heads_backward`, one kernel from the three gradients."""
+
+    @staticmethod
+    def forward(ctx, projected: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        ctx.save_for_backward(cos, sin)
+        q, k, v = rotate_pairs(projected, cos, sin).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Tensor, None, None]:
+        from cs336sys.training.step_kernels import rotary_heads_backward
+
+        return rotary_heads_backward(dq, dk, dv, *ctx.saved_tensors), None, None
+
+
+def _rms_norm_bf16(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """The model's RMSNorm of fp32 x, rounded to bf16 (as autocast casts it for the next product), with
+    what `_norm_backward` needs saved on ctx."""
+    rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+    ctx.save_for_backward(x, weight, rms.reciprocal().squeeze(-1))
+    return (x / rms * weight).to(torch.bfloat16)
+
+
+def _norm_backward(ctx, dh: Tensor, g: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    from cs336sys.training.step_kernels import residual_rms_norm_backward
+
+    return residual_rms_norm_backward(dh, *ctx.saved_tensors, g)
+
+
+class _RMSNormBF16(torch.autograd.Function):
+    """h = RMSNorm(x) in bf16 (the first block's first norm): the backward is one kernel, the weight's
+    gradient summed in the same pass as x's (`step_kernels.residual_rms_norm_backward`)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        return _rms_norm_bf16(ctx, x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, dh: Tensor) -> tuple[Tensor, Tensor, None]:
+        dx, _, dw = _norm_backward(ctx, dh, None)
+        return dx, dw, None
+
+
+class _ResidualRMSNormBF16(torch.autograd.Function):
+    """(x + branch, RMSNorm(x + branch) in bf16) for the fp32 residual stream x and a bf16 branch: the
+    residual add and the norm after it. The backward is one kernel: x's gradient is the norm's plus
+    the sum's own (the next residual add's), written in fp32 for x and rounded once for the branch,
+    and the weight's gradient comes from the same pass."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, branch: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        x = x + branch
+        return x, _rms_norm_bf16(ctx, x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, gx: Tensor | None, dh: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        dx, dx_low, dw = _norm_backward(ctx, dh, gx)
+        return dx, dx_low, dw, None
+
+
+def residual_rms_norm(x: Tensor, branch: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(x + branch, its RMSNorm in bf16), or (x, its RMSNorm) without a branch."""
+    if branch is None:
+        return x, _RMSNormBF16.apply(x, weight, eps)
+    return _ResidualRMSNormBF16.apply(x, branch, weight, eps)
+
+
+def kernel_block(block: TransformerBlock) -> Callable[..., tuple[Tensor, Tensor]]:
+    """`projected_block` with the step's two backward kernels (`backward_kernels`): f(x, branch, *weights,
+    cos, sin) -> (x, branch), where the block's input is x + branch (branch None: x) and its output
+    the returned x + branch. Each residual add is made by the norm after it, so that the norm's backward
+    can add the residual's gradient in its own pass (`_ResidualRMSNormBF16`): the block's last add is
+    the next block's first (the final norm's, in `head_loss`, after the last block). RoPE's backward
+    is one kernel too (`_RotaryHeads`). The forward's values are `projected_block`'s."""
+    attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
+
+    def forward(x: Tensor, branch: Tensor | None, ln1: Tensor, qkv: Tensor, output: Tensor, ln2: Tensor,
+                w13: Tensor, w2: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        batch, seq, d = x.shape
+        x, h = residual_rms_norm(x, branch, ln1, eps1)
+        q, k, v = _RotaryHeads.apply((h @ qkv.T).view(batch, seq, 3, num_heads, d // num_heads), cos, sin)
+        x, h = residual_rms_norm(x, attention(q, k, v).transpose(1, 2).flatten(-2) @ output.T, ln2, eps2)
+        a, b = (h @ w13.T).chunk(2, dim=-1)
+        return x, (silu(a) * b) @ w2.T
+
+    return forward
+
+
+def head_loss(eps: float) -> Callable[..., Tensor]:
+    """f(x, norm weight, LM head weight, targets, branch=None): the final RMSNorm (`eps`), the LM head and
+    the mean cross-entropy (`cs336sys.optim.cross_entropy`) of the residual stream x (plus the last
+    block's branch, from `kernel_block`): the ops the step runs after the last block, as one function
+    to compile. Eager, they make about twenty passes over the (tokens, vocabulary) logits, forward and
+    backward, most of them upcast to fp32."""
     from cs336sys.leaderboard.fused_ops import rms_norm_reference
 
-    def loss(x: Tensor, weight: Tensor, head: Tensor, targets: Tensor) -> Tensor:
+    def loss(x: Tensor, weight: Tensor, head: Tensor, targets: Tensor, branch: Tensor | None = None) -> Tensor:
+        if branch is not None:
+            x = x + branch
         return cross_entropy(rms_norm_reference(x, weight, eps) @ head.T, targets)
 
     return loss
@@ -650,7 +760,7 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
         rope = model.layers[0].attn.rope  # (every block's tables are the same)
         step.rotary_tables = tuple(t.to(torch.bfloat16) for t in joined_rotary_tables(
             rope.cos[: spec.context_length], rope.sin[: spec.context_length]))
-        forward = projected_block(model.layers[0])
+        forward = (kernel_block if spec.uses("backward_kernels") else projected_block)(model.layers[0])
         step.block_fn = torch.compile(forward, options=INDUCTOR_OPTIONS) if spec.compile == "blocks" else forward
     if spec.uses("compiled_loss"):
         step.loss_fn = torch.compile(head_loss(model.ln_final.eps), options=INDUCTOR_OPTIONS)
