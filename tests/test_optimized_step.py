@@ -535,6 +535,28 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
                                    "met": True}}}
     assert [r["met"] for r in summary_rows(fast)] == [True, True]
     assert summary_rows(fast)[1]["result"] == "xl 1.25× their rooflines"
+    assert ctx["unmeasured"] == {}
+
+
+def test_a_configuration_one_size_has_not_measured_reads_as_such(tmp_path):
+    # config/main.yaml's `pending` leaves a configuration out of one size's series: its cell in the
+    # compact table reads "–" (not an empty cell, not a number), and the section names it and the size
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step
+
+    rows = [{"problem": "optimized_step", "status": "ok", "size": size, "context_length": 512,
+             "metric_batch_size": 4, "configuration": name, "techniques": techniques, "median_ms": step,
+             "std_ms": 0.1, "env.gpu": "NVIDIA H100 80GB HBM3",
+             "phase_median_ms": {"forward_backward": step, "optimizer_step": 0.0, "zero_grad": 0.0}}
+            for size, series in [("xl", [("plain", [], 160.0), ("fused_adamw", ["fused_adamw"], 130.0)]),
+                                 ("2.7B", [("plain", [], 190.0)])]
+            for name, techniques, step in series]
+    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)
+    assert ctx["unmeasured"] == {"the fused AdamW": ["2.7B"]}
+    compact = ctx["compact"].splitlines()
+    assert compact[3].startswith("| fused AdamW |") and compact[3].endswith("| 130.0 | – |")
+    assert compact[2].endswith("| 160.0 | 190.0 |")
 
 
 def test_a_configuration_is_slower_only_where_most_pairs_of_steps_say_so(tmp_path):

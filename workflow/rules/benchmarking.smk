@@ -67,9 +67,14 @@ experiment_job("matmul_peak", "", PEAK_POINTS, [f"results/matmul_peak/{p['dtype'
 # The optimised-step series: per size, one process runs the configurations in order, each adding one
 # technique to the one before ("plain" adds none): cs336sys.training.optimized.
 OPT = GRID.get("optimized_step") or {"sizes": []}
+PENDING = {(str(size), name) for size, name in OPT.get("pending", [])}  # not measured yet
+if unknown := sorted(p for p in PENDING if p[1] not in OPT.get("series", [])):
+    raise ValueError(f"optimized_step.pending names configurations not in the series: {unknown}")
 for size in OPT["sizes"]:
     techniques, points = [], []
     for name in OPT.get("series", []):
+        if (size, name) in PENDING:
+            continue  # (nor does its technique join the configurations after it)
         techniques = techniques + ([] if name == "plain" else [name])
         points.append(point("optimized_step", OPT, size=size, configuration=name, techniques=techniques))
     experiment_job(

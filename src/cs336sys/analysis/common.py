@@ -48,12 +48,16 @@ _NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(?: ± [\d,]*\.?\d+)?\s*[%×]?")
 
 
 def _numeric(column: pd.Series) -> bool:
-    """Right-align a column of numbers, also when some cells are statuses instead ("oom")."""
+    """Right-align a column of numbers, also when some cells are statuses instead ("oom", "–")."""
     if pd.api.types.is_numeric_dtype(column):
         return True
-    cells = [str(v) for v in column if isinstance(v, str) and v]
-    numbers = sum(bool(_NUMBER.fullmatch(c)) for c in cells)
+    cells = [v for v in column if (isinstance(v, str) and v) or _is_number(v)]
+    numbers = sum(_is_number(c) or bool(_NUMBER.fullmatch(c)) for c in cells)
     return numbers > 0 and numbers >= len(cells) / 2
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:

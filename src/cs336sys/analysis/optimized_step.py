@@ -98,7 +98,7 @@ def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path
                  "context_lengths": sorted({int(c) for c in series["context_length"]}),
                  "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values()),
                  "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE,
-                 "power_capped": _power_capped(data)}
+                 "power_capped": _power_capped(data), "unmeasured": _unmeasured(data)}
     ok = data[data.status == "ok"]
     if not ok.empty:
         optimized["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
@@ -141,10 +141,21 @@ SHORT = {"plain": "plain", "fused_adamw": "fused AdamW", "cuda_graph": "CUDA gra
          "compiled_loss": "compiled loss", "backward_kernels": "backward kernels"}
 
 
+def _unmeasured(data: pd.DataFrame) -> dict[str, list[str]]:
+    """Per configuration (as the prose names it), the sizes with no point of it where other sizes have one: left out of
+    their series until measured (config/main.yaml's `pending`)."""
+    sizes = list(dict.fromkeys(data["size"]))
+    missing = {}
+    for configuration, g in data.groupby("configuration", sort=False):
+        if lacking := [s for s in sizes if s not in set(g["size"])]:
+            missing[PROSE.get(configuration, configuration)] = lacking
+    return missing
+
+
 def _compact(ok: pd.DataFrame) -> pd.DataFrame:
     """One column per size (the report's tables take at most nine; the series grows down): the step
     (ms) after each technique in the series' order, then the roofline (the section's text gives the
-    fastest step over it)."""
+    fastest step over it). A configuration a size has no point of reads "–"."""
     columns = {}
     for size, g in ok.groupby("size", sort=False):
         roof = g.roofline_ms.dropna()
@@ -152,6 +163,8 @@ def _compact(ok: pd.DataFrame) -> pd.DataFrame:
         columns[size] = {**{SHORT.get(c, c): t for c, t in zip(g.configuration, g.step_ms, strict=True)},
                          "roofline": roofline}
     table = pd.DataFrame(columns)  # (rows in the order first seen: the series' order)
+    measured = table.drop(index="roofline").isna()
+    table = table.astype(object).where(~measured.reindex(table.index, fill_value=False), "–")
     return table.rename_axis("step (ms)").reset_index()
 
 
