@@ -153,6 +153,36 @@ def test_a_leaderboard_config_checkpointing_more_blocks_than_the_model_has_is_na
     assert "leaderboard.configs.ours_sdpa_checkpoint_27: checkpoint_blocks 27" in text and "(0..2)" in text
 
 
+def test_a_pending_configuration_waits_in_next_and_an_unknown_one_is_named(repo_copy, tmp_path):
+    """config/main.yaml's optimized_step `pending` leaves [size, configuration] out of that size's series (its
+    job runs the rest, as committed); the overlay next empties it, so `--config grid=next` runs that size's
+    job with it. A pending configuration the series lacks fails before any job runs, named."""
+    import yaml
+
+    config = load_config(repo_copy)
+    pending = config["main"]["optimized_step"].get("pending") or [["xl", "compiled_loss"]]
+    jobs = {f"optimized_step_{size.replace('.', '_')}" for size, _ in pending}
+    main = {**config, "main": {**config["main"], "optimized_step": {**config["main"]["optimized_step"],
+                                                                    "pending": pending}}}
+    (tmp_path / "main.yaml").write_text(yaml.safe_dump(main, sort_keys=False))
+    main_commands = shell_commands(repo_copy, "--configfile", str(tmp_path / "main.yaml"), "--config", "pins=off")
+    next_commands = shell_commands(repo_copy, "--configfile", str(tmp_path / "main.yaml"), "--config", "grid=next",
+                                   "pins=off")
+    for size, name in pending:
+        job = f"optimized_step_{size.replace('.', '_')}"
+        assert '"configuration":"plain"' in main_commands[job]
+        assert f'"{name}"' not in main_commands[job]  # neither its point nor its technique in a later one
+        assert f'"configuration":"{name}"' in next_commands[job]
+    assert jobs <= set(next_commands)
+    bad = {**main, "main": {**main["main"], "optimized_step": {**main["main"]["optimized_step"],
+                                                               "pending": [["xl", "no_such_step"]]}}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad, sort_keys=False))
+    proc = snakemake(repo_copy, "-n", "--configfile", str(tmp_path / "bad.yaml"), check=False)
+    assert proc.returncode != 0
+    assert "optimized_step.pending names configurations not in the series: [('xl', 'no_such_step')]" in (
+        proc.stdout + proc.stderr)
+
+
 def tree_digest(root: Path, *folders: str) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for f in folders for p in sorted((root / f).rglob("*"))
             if p.is_file()}
