@@ -11,15 +11,9 @@ from cs336sys.attention.flash_configs import BackwardConfig, Tiles
 from cs336sys.attention.naive import naive_causal_attention
 from cs336sys.dtypes import autocast
 from cs336sys.sizes import ModelSize, parameter_count
-from cs336sys.training.optimized import (
-    STEP_TILES,
-    TECHNIQUES,
-    OptimizedSpec,
-    build_optimized_step,
-    pad_head_dim,
-    step_flash_attention,
-)
+from cs336sys.training.optimized import TECHNIQUES, OptimizedSpec, build_optimized_step
 from cs336sys.training.step import StepSpec, build_step
+from cs336sys.training.step_blocks import STEP_TILES, pad_head_dim, step_flash_attention
 
 LR = 1e-3  # both optimizers' default
 
@@ -164,7 +158,7 @@ def test_the_projected_block_is_the_model_block_in_float64(fresh_seed):
     # the joined products, RoPE over q, k and v at once (v by the zero angle) and the stacked layout give
     # the block's output and the input's and weights' gradients, to float64 rounding
     from cs336sys.model import build_model
-    from cs336sys.training.optimized import joined_rotary_tables, projected_block
+    from cs336sys.training.step_blocks import joined_rotary_tables, projected_block
 
     model = build_model("tiny", 32, dtype=torch.float64)
     block = model.layers[0]
@@ -193,7 +187,7 @@ def test_the_compiled_loss_is_the_models_head_and_loss(fresh_seed):
     # float32 rounding (the loss's own precision: cross_entropy upcasts to float32, not beyond)
     from cs336sys.model import build_model
     from cs336sys.optim import cross_entropy
-    from cs336sys.training.optimized import head_loss
+    from cs336sys.training.step_blocks import head_loss
 
     model = build_model("tiny", 32, dtype=torch.float64)
     x = torch.randn(2, 32, model.ln_final.weight.shape[0], dtype=torch.float64, requires_grad=True)
@@ -212,7 +206,7 @@ def test_the_compiled_loss_is_the_models_head_and_loss(fresh_seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_joined_tables_leave_v_exactly_as_it_is_and_rotate_q_and_k_as_the_model(fresh_seed, dtype):
     from cs336sys.leaderboard.fused_ops import rotary_reference
-    from cs336sys.training.optimized import joined_rotary_tables, rotate_pairs
+    from cs336sys.training.step_blocks import joined_rotary_tables, rotate_pairs
 
     cos, sin = torch.randn(16, 4), torch.randn(16, 4)
     qkv = torch.randn(2, 16, 3, 5, 8, dtype=dtype, requires_grad=True)
@@ -229,7 +223,7 @@ def test_the_joined_tables_leave_v_exactly_as_it_is_and_rotate_q_and_k_as_the_mo
 def test_the_blocks_get_the_rotary_tables_cast_once_and_compute_the_same_bits(fresh_seed):
     # the step casts the joined tables to bf16 once, so no block casts them again; a block fed the fp32
     # tables (rotate_pairs casting them itself, as before) gives the same output and gradients bit for bit
-    from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS, joined_rotary_tables
+    from cs336sys.training.step_blocks import PROJECTED_BLOCK_INPUTS, joined_rotary_tables
 
     step = build_optimized_step(OptimizedSpec("tiny", 32, techniques=("fused_adamw", "bf16_weights",
                                                                       "fused_projections"), compile="eager",
@@ -432,7 +426,7 @@ def test_a_projected_block_with_our_attention_compiles_as_one_graph(kernels):
     # two graphs at the attention (notes/runs/2026-11-28-cpu-dynamo-regex)
     import re
 
-    from cs336sys.training.optimized import PROJECTED_BLOCK_INPUTS
+    from cs336sys.training.step_blocks import PROJECTED_BLOCK_INPUTS
 
     step = build_optimized_step(OptimizedSpec("small", 256, techniques=("fused_adamw", "flash", "bf16_weights",
                                                                         "fused_projections", *kernels),

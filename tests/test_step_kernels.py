@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from cs336sys.dtypes import autocast  # noqa: E402
 from cs336sys.leaderboard import fused_ops  # noqa: E402
 from cs336sys.model import RotaryEmbedding, build_model  # noqa: E402
-from cs336sys.training.optimized import (  # noqa: E402
+from cs336sys.training.step_blocks import (  # noqa: E402
     PROJECTED_BLOCK_INPUTS,
     joined_rotary_tables,
     kernel_block,

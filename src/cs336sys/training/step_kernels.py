@@ -103,7 +103,7 @@ def _(dq, dk, dv, cos, sin):
 
 def rotary_heads_backward(dq: Tensor, dk: Tensor, dv: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """The gradient of the joined projection (batch, seq, 3, heads, d) from q's, k's and v's (each
-    (batch, heads, seq, d)) through `optimized.rotate_pairs` with the joined tables cos, sin (seq, 3, 1, d)."""
+    (batch, heads, seq, d)) through `step_blocks.rotate_pairs` with the joined tables cos, sin (seq, 3, 1, d)."""
     if not _use_kernels(dq, dk, dv, cos, sin):
         return rotary_heads_backward_reference(dq, dk, dv, cos, sin)
     if torch.compiler.is_compiling():
