@@ -99,3 +99,26 @@ def test_the_section_and_its_appendix_render_cleanly(built):
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     assert lint.problems(text) == []
     assert "### 1.2 (b) Forward and backward times" in text and "## A Benchmarking: every point" in text
+
+
+
+def test_the_optimised_series_says_every_size_and_names_its_kept_results_once(built, tmp_path):
+    """A configuration slower at every size reads "at every size"; the pins that keep the series' results
+    make one sentence, each with its commit."""
+    series = sorted(REPO.glob("results/optimized_step/**/*.json"))
+    if not series:
+        pytest.skip("no committed optimised-step results")
+    ctx = benchmarking.build(built[0] + series, tmp_path)
+    sizes, slower = ctx.optimized["sizes"], ctx.optimized.get("slower") or {}
+    everywhere = [name for name, at in slower.items() if len(at) == len(sizes)]
+    pins = [{"what": "optimized_step", "results_commit": "1111111111"},
+            {"what": "optimized_step (4 jobs)", "results_commit": "2222222222"},
+            {"what": "ddp_step", "results_commit": "3333333333"}]
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES, pins=pins)
+    assert lint.problems(text) == []
+    assert everywhere, "the committed series has a configuration slower at every size"
+    for name in everywhere:
+        assert f"{name} at every size" in text
+    assert text.count("Made with earlier code") == 1
+    assert "Made with earlier code: optimized_step at 1111111111; optimized_step (4 jobs) at 2222222222 (" in text
+    assert "3333333333" not in text

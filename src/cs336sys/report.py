@@ -103,13 +103,15 @@ def environment(templates: Path, fig=None) -> jinja2.Environment:
     return env
 
 
-def render_section(name: str, context: dict, templates: Path) -> str:
-    """One section alone with its appendix (if it has one), numbered as if they were the whole report: for
-    tests. References between the two resolve."""
+def render_section(name: str, context: dict, templates: Path, pins: list[dict] | None = None) -> str:
+    """One section alone with its appendix (if it has one), numbered as if they were the whole report, with
+    `pins` (`cs336sys.pins` entries, as the report lists them) in effect and the heading of their appendix:
+    for tests. References between the parts resolve."""
     appendix = f"sections/appendix/{name}.md.j2"
     wrapper = ('{% import "macros.md.j2" as m %}' + f'{{% include "{SECTIONS[name].template}" %}}\n'
-               + "{{ APPENDIX }}\n" + f'{{% include ["{appendix}"] ignore missing %}}')
-    text = environment(templates).from_string(wrapper).render(sections={name: context}, grid="main", pins=[])
+               + "{{ APPENDIX }}\n" + f'{{% include ["{appendix}"] ignore missing %}}'
+               + ("\n## Results made with earlier code {: #pins-appendix}\n" if pins else ""))
+    text = environment(templates).from_string(wrapper).render(sections={name: context}, grid="main", pins=pins or [])
     return markup.render(text)[0]
 
 
