@@ -69,9 +69,7 @@ def assert_close_to_plain(plain, optimized, loss_rtol: float, max_flipped: float
                                         ("fused_adamw", "fused_elementwise", "bf16_weights", "compiled_loss"),
                                         ("fused_adamw", "bf16_weights", "fused_projections", "backward_kernels"),
                                         ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections",
-                                         "compiled_loss", "backward_kernels"),
-                                        ("fused_adamw", "bf16_weights", "adamw_in_backward", "fused_projections",
-                                         "compiled_loss", "backward_kernels", "gate_epilogues")])
+                                         "compiled_loss", "backward_kernels")])
 def test_optimized_step_matches_the_plain_step_on_cpu(techniques, fresh_seed):
     # On the CPU the fused ops are the model's torch ops and the fused AdamW is the reference's, and
     # bf16 weights through the model's forward are what autocast casts: bitwise the plain step. With
@@ -260,8 +258,7 @@ def test_fused_projections_compile_one_graph_for_every_block(fresh_seed):
     assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
 
 
-@pytest.mark.parametrize("gate", [(), ("gate_epilogues",)])
-def test_the_kernel_blocks_compile_two_graphs_for_every_block(gate, fresh_seed):
+def test_the_kernel_blocks_compile_two_graphs_for_every_block(fresh_seed):
     # with backward_kernels the first block, which has no branch to add, has a graph of its own; every
     # other block reuses the second (and nothing breaks a graph)
     from torch._dynamo.utils import counters
@@ -269,7 +266,7 @@ def test_the_kernel_blocks_compile_two_graphs_for_every_block(gate, fresh_seed):
     plain = two_steps_plain("tiny", 32, fresh_seed, "cpu", compile_mode="blocks")
     counters.clear()
     optimized = two_steps_optimized("tiny", 32, fresh_seed, "cpu", ("fused_adamw", "bf16_weights",
-                                                                    "fused_projections", "backward_kernels", *gate),
+                                                                    "fused_projections", "backward_kernels"),
                                     compile_mode="blocks")
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"], dict(counters["stats"])
     assert_close_to_plain(plain, optimized, loss_rtol=1e-3, max_flipped=0.01)
@@ -422,7 +419,7 @@ def test_the_steps_attention_tiles_match_float64_at_the_steps_shape(d, fresh_see
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
-@pytest.mark.parametrize("kernels", [(), ("backward_kernels",), ("backward_kernels", "gate_epilogues")])
+@pytest.mark.parametrize("kernels", [(), ("backward_kernels",)])
 def test_a_projected_block_with_our_attention_compiles_as_one_graph(kernels):
     # at d_head 64 the step's backward tiles are a string that FlashAttention2Triton's forward parses; traced
     # with `re`'s cache empty (as a step process's first trace may find it), torch 2.11 broke the block in
@@ -455,9 +452,7 @@ def test_a_projected_block_with_our_attention_compiles_as_one_graph(kernels):
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
                                          "fused_projections", "compiled_loss"),
                                         ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
-                                         "fused_projections", "compiled_loss", "backward_kernels"),
-                                        ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward",
-                                         "fused_projections", "compiled_loss", "backward_kernels", "gate_epilogues")])
+                                         "fused_projections", "compiled_loss", "backward_kernels")])
 def test_optimized_step_matches_the_plain_step_on_gpu(techniques, fresh_seed):
     # Triton kernels and our flash on the GPU (the fused forward eager, or flash and bf16 weights inside
     # the compiled blocks), replayed from a CUDA graph or not, against the plain step compiled per block.

@@ -1,12 +1,16 @@
-"""What does the SwiGLU gate in the products' epilogues (`gate_epilogues`) buy? A hand-run GPU probe, not a result.
+"""What does the SwiGLU gate in the products' epilogues buy the optimised step? A hand-run GPU probe, not a result.
 
 1. `kernels SIZE...`: at each size's step shapes (2048 rows: batch 4, context 512), the forward's w1/w3
    product and gate, and the backward's product into the gate and its gradients, each as the step computed
    them before (cuBLAS's product, then Inductor's elementwise pass, compiled) and as our kernels with each
    candidate tiling (`gate_products.GateTiles`); do_bench medians (ms).
-2. `steps SIZE:ORDER`: the optimised step with every technique up to `backward_kernels` (`base`) and the
-   same plus `gate_epilogues` (`gate`; `gatefwd`, `gatebwd`: one of its two kernels), CUDA graph captured, built alternately in one process; step median of
-   30 (after 10 warm-up steps), min, and kernel count from three profiled steps.
+2. `steps SIZE:ORDER`: the optimised step with every technique up to `backward_kernels` (`base`), and the
+   same with each block's SwiGLU through `gate_products.gated_mlp` (`gate`; `gatefwd`, `gatebwd`: one of its
+   two kernels, the other pass Inductor's), CUDA graph captured, built alternately in one process; step
+   median of 30 (after 10 warm-up steps), min, and kernel count from three profiled steps.
+
+The runs of the README used this file at d228be2, where the gate was the step's `gate_epilogues` option; it
+now swaps the step's block for `block_with_gate` itself (the same block).
 
     PYTHONPATH=src python notes/runs/2026-11-28-h200-gate-epilogues/probe.py kernels small medium
     PYTHONPATH=src python notes/runs/2026-11-28-h200-gate-epilogues/probe.py steps medium:base,gate,base,gate
@@ -17,6 +21,7 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn.functional import silu
@@ -25,9 +30,12 @@ from triton.testing import do_bench
 
 from cs336sys.sizes import get_size
 from cs336sys.timing import time_steps
-from cs336sys.training import gate_products
-from cs336sys.training.gate_products import GateTiles, _launch_gate_backward, _launch_gate_forward
+from cs336sys.training import optimized, step_blocks
 from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gate_products  # noqa: E402  (this run's kernels, beside this file)
+from gate_products import GateTiles, _launch_gate_backward, _launch_gate_forward  # noqa: E402
 
 BEST = ("fused_adamw", "cuda_graph", "flash", "bf16_weights", "adamw_in_backward", "fused_projections",
         "compiled_loss", "backward_kernels")
@@ -87,6 +95,23 @@ def kernels(size: str) -> None:
 
 
 BUILT = gate_products.gate_forward, gate_products.gate_backward
+BUILT_BLOCK = step_blocks.kernel_block
+
+
+def block_with_gate(block):
+    """`step_blocks.kernel_block` with the MLP's products and gate through `gate_products.gated_mlp`."""
+    attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
+
+    def forward(x, branch, ln1, qkv, output, ln2, w13, w2, cos, sin):
+        batch, seq, d = x.shape
+        x, h = step_blocks.residual_rms_norm(x, branch, ln1, eps1)
+        q, k, v = step_blocks._RotaryHeads.apply((h @ qkv.T).view(batch, seq, 3, num_heads, d // num_heads), cos,
+                                                 sin)
+        x, h = step_blocks.residual_rms_norm(x, attention(q, k, v).transpose(1, 2).flatten(-2) @ output.T, ln2,
+                                             eps2)
+        return x, gate_products.gated_mlp(h, w13, w2)
+
+    return forward
 
 
 def steps(size: str, variant: str) -> None:
@@ -95,8 +120,8 @@ def steps(size: str, variant: str) -> None:
     torch._dynamo.reset()
     gate_products.gate_forward = gate_products.gate_forward_reference if variant == "gatebwd" else BUILT[0]
     gate_products.gate_backward = gate_products.gate_backward_reference if variant == "gatefwd" else BUILT[1]
-    techniques = (*BEST, "gate_epilogues") if variant.startswith("gate") else BEST
-    step = build_optimized_step(OptimizedSpec(size, 512, techniques=techniques), "cuda")
+    optimized.kernel_block = block_with_gate if variant.startswith("gate") else BUILT_BLOCK
+    step = build_optimized_step(OptimizedSpec(size, 512, techniques=BEST), "cuda")
     times = time_steps(step.run, 10, 30, "cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(3):

@@ -50,10 +50,6 @@ built by it. The techniques (`TECHNIQUES`; the benchmark's series in config/main
   that also sums the weight's gradient and adds the residual's (each residual add moves into the
   norm after it, the block's last into the next block's first). Needs `fused_projections`; with
   `fused_elementwise` (blocks with hand-written backwards of their own) it changes nothing.
-- `gate_epilogues`: the SwiGLU gate computed by our Triton products around it
-  (`cs336sys.training.gate_products`): the w1/w3 product writes a, b and silu(a) b, and the backward's
-  product into the gate writes a's and b's gradients, where the gate was two elementwise passes of
-  Inductor's over the same tensors. Needs `backward_kernels`; with `fused_elementwise` it changes nothing.
 
 The step's own compiled functions (`projected_block`, `head_loss`, not the model's blocks) are
 compiled with Inductor's coordinate-descent tuning of each kernel's launch (`INDUCTOR_OPTIONS`): on one
@@ -99,10 +95,10 @@ from cs336sys.training.step_blocks import (
 from cs336sys.training.step_updates import BackwardAdamW, CopyRows, MasterCopyAdamW
 
 TECHNIQUES = ("fused_adamw", "fused_elementwise", "flash", "bf16_weights", "cuda_graph", "adamw_in_backward",
-              "fused_projections", "compiled_loss", "backward_kernels", "gate_epilogues")
+              "fused_projections", "compiled_loss", "backward_kernels")
 NEEDS = {"bf16_weights": ("fused_adamw",), "adamw_in_backward": ("fused_adamw",),
          "fused_projections": ("bf16_weights",), "compiled_loss": ("bf16_weights",),
-         "backward_kernels": ("fused_projections",), "gate_epilogues": ("backward_kernels",)}
+         "backward_kernels": ("fused_projections",)}
 MATRICES = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.output_proj.weight",
             "ffn.w1.weight", "ffn.w2.weight", "ffn.w3.weight")  # a block's weights kept in bf16
 INDUCTOR_OPTIONS = {"coordinate_descent_tuning": True}  # the step's own compiled functions (not the model's blocks)
@@ -325,10 +321,7 @@ def build_optimized_step(spec: OptimizedSpec, device: str, data_seed: int | None
         rope = model.layers[0].attn.rope  # (every block's tables are the same)
         step.rotary_tables = tuple(t.to(torch.bfloat16) for t in joined_rotary_tables(
             rope.cos[: spec.context_length], rope.sin[: spec.context_length]))
-        if spec.uses("backward_kernels"):
-            forward = kernel_block(model.layers[0], gate_epilogues=spec.uses("gate_epilogues"))
-        else:
-            forward = projected_block(model.layers[0])
+        forward = (kernel_block if spec.uses("backward_kernels") else projected_block)(model.layers[0])
         step.block_fn = torch.compile(forward, options=INDUCTOR_OPTIONS) if spec.compile == "blocks" else forward
     if spec.uses("compiled_loss"):
         step.loss_fn = torch.compile(head_loss(model.ln_final.eps), options=INDUCTOR_OPTIONS)

@@ -8,8 +8,7 @@ attention they call.
 - `bf16_block_forward`: the fused block (`cs336sys.leaderboard.fused_block`) with bf16 matrices;
 - `projected_block`: the block's ops written out, q/k/v and w1/w3 each one product over a joined weight
   (`fused_projections`); `kernel_block` the same with `cs336sys.training.step_kernels`' RoPE and RMSNorm
-  backwards, each residual add moved into the norm after it (`backward_kernels`), and optionally the SwiGLU
-  gate in the epilogues of the products around it (`gate_epilogues`, `cs336sys.training.gate_products`);
+  backwards, each residual add moved into the norm after it (`backward_kernels`);
 - `head_loss`: the final norm, the LM head and the cross-entropy, one function to compile (`compiled_loss`);
 - `rotate_pairs` and `joined_rotary_tables`: RoPE as one elementwise product of the joined projection;
 - `step_flash_attention` and `pad_head_dim`: our FlashAttention-2 at the step's tiles, for any head
@@ -203,17 +202,13 @@ def residual_rms_norm(x: Tensor, branch: Tensor | None, weight: Tensor, eps: flo
     return _ResidualRMSNormBF16.apply(x, branch, weight, eps)
 
 
-def kernel_block(block: TransformerBlock, gate_epilogues: bool = False) -> Callable[..., tuple[Tensor, Tensor]]:
+def kernel_block(block: TransformerBlock) -> Callable[..., tuple[Tensor, Tensor]]:
     """`projected_block` with the step's two backward kernels (`backward_kernels`): f(x, branch, *weights,
     cos, sin) -> (x, branch), where the block's input is x + branch (branch None: x) and its output
     the returned x + branch. Each residual add is made by the norm after it, so that the norm's backward
     can add the residual's gradient in its own pass (`_ResidualRMSNormBF16`): the block's last add is
     the next block's first (the final norm's, in `head_loss`, after the last block). RoPE's backward
-    is one kernel too (`_RotaryHeads`). The forward's values are `projected_block`'s. With `gate_epilogues`
-    the SwiGLU gate is computed in the products around it (`cs336sys.training.gate_products.gated_mlp`),
-    rounded once where the compiled gate rounds silu(a) first: its values agree within bf16 rounding."""
-    from cs336sys.training.gate_products import gated_mlp
-
+    is one kernel too (`_RotaryHeads`). The forward's values are `projected_block`'s."""
     attention, num_heads, eps1, eps2 = block.attn.attention, block.attn.num_heads, block.ln1.eps, block.ln2.eps
 
     def forward(x: Tensor, branch: Tensor | None, ln1: Tensor, qkv: Tensor, output: Tensor, ln2: Tensor,
@@ -222,8 +217,6 @@ def kernel_block(block: TransformerBlock, gate_epilogues: bool = False) -> Calla
         x, h = residual_rms_norm(x, branch, ln1, eps1)
         q, k, v = _RotaryHeads.apply((h @ qkv.T).view(batch, seq, 3, num_heads, d // num_heads), cos, sin)
         x, h = residual_rms_norm(x, attention(q, k, v).transpose(1, 2).flatten(-2) @ output.T, ln2, eps2)
-        if gate_epilogues:
-            return x, gated_mlp(h, w13, w2)
         a, b = (h @ w13.T).chunk(2, dim=-1)
         return x, (silu(a) * b) @ w2.T
 

@@ -1,4 +1,7 @@
-"""The SwiGLU gate computed in the epilogues of the two products around it (`gate_epilogues`).
+"""The SwiGLU gate computed in the epilogues of the two products around it: this run's kernels (probe.py).
+
+Not part of the package: in the optimised step they made it slower at every size tried on one H200 (README.md
+here). They were the step's `gate_epilogues` option at d228be2 (with tests/test_gate_products.py there).
 
     y = gated_mlp(h, w13, w2)       # = (silu(a) * b) @ w2.T with a, b = (h @ w13.T).chunk(2, dim=-1)
 
