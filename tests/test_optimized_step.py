@@ -528,7 +528,12 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
                             "xl": {**ctx["best"]["2.7B"], "x_roofline": 1.25, "x_text": "1.25", "target": 1.3,
                                    "met": True}}}
     assert [r["met"] for r in summary_rows(fast)] == [True, True]
-    assert summary_rows(fast)[1]["result"] == "xl 1.25× their rooflines"
+    assert summary_rows(fast)[1]["result"] == "xl 1.25× their rooflines" and summary_rows(fast)[1]["why"] is None
+    # a size outside its target: the row says why, from the probes that measured it
+    slow = {**fast, "best": {**fast["best"], "xl": {**fast["best"]["xl"], "x_roofline": 1.35, "x_text": "1.35",
+                                                    "met": False}}}
+    why = summary_rows(slow)[1]["why"]
+    assert "counts no activation traffic" in why and "notes/runs/" in why
     assert ctx["unmeasured"] == {}
 
 
