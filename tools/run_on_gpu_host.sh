@@ -20,12 +20,12 @@
 # instead runs the GPU tests, `python3 -m pytest -m gpu -q` (the tests that compile the kernels and
 # run on CUDA; README "Tests on a GPU"), with src/ on the path, writing their output to
 # $OUT/pytest-gpu.log (or ./pytest-gpu.log) as well; the exit status is pytest's. Collecting the
-# tests imports every test module, one of which needs pypdf: build the wheels with both
-# (wheelhouse.sh .whl pytest pypdf).
+# tests imports every test module, one of which needs pypdf, and `-n N` (the whole set in one
+# command) needs pytest-xdist: build the wheels with all three (wheelhouse.sh .whl pytest pypdf pytest-xdist).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 needed=snakemake
-[[ ${1:-} == tests ]] && needed="pytest pypdf"
+[[ ${1:-} == tests ]] && needed="pytest pypdf xdist"
 for module in $needed; do  # one missing: install the wheels
     if ! python3 -c "import $module" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
