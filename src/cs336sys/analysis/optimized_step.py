@@ -41,7 +41,8 @@ WHY_OUTSIDE = ("the roofline prices every product at the 8192-cube product's rat
                "products do not reach in the step, and counts no activation traffic (norms, SwiGLU gate, RoPE, "
                "residual adds); at small the products, attention and optimizer alone came to more than 1.3× on "
                "an H100, and the levers left at medium were bounded or measured slower on an H200 "
-               "(notes/runs/2026-11-25-h100-step-gap, 2026-11-28-h200-copy-bounds, 2026-11-28-h200-gate-epilogues)")
+               "(notes/runs/2026-11-25-h100-step-gap, 2026-11-28-h200-copy-bounds, 2026-11-28-h200-update-overlap, "
+               "2026-11-28-h200-gate-epilogues, 2026-11-28-h200-wgrad-streams)")
 
 
 def _copy_bandwidth(row) -> tuple[float | None, str]:
