@@ -5,9 +5,10 @@ one process with alternating builds (a hand-run GPU probe, not a result): every 
 
 A variant is `base`, or `+`-joined Inductor options: `pdl` (`triton.enable_pdl`: each compiled kernel waits
 for the one before with griddepcontrol and is launched so that it may start before that one ends),
-`combo` (`combo_kernels`: independent kernels of a graph horizontally fused into one launch).
+`combo` (`combo_kernels`: independent kernels of a graph horizontally fused into one launch); and, not
+Inductor's, `lt` (`torch.backends.cuda.preferred_blas_library("cublaslt")`: every product through cuBLASLt).
 
-    PYTHONPATH=src python notes/runs/2026-11-28-h200-pdl/ab.py medium:base,pdl,base,pdl
+    PYTHONPATH=src python notes/runs/2026-11-28-h200-step-options/ab.py medium:base,pdl,base,pdl
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def configure(variant: str) -> None:
     for name, (group, key) in OPTIONS.items():
         target = getattr(torch._inductor.config, group) if group else torch._inductor.config
         setattr(target, key, name in chosen)
+    torch.backends.cuda.preferred_blas_library("cublaslt" if "lt" in chosen else "cublas")
 
 
 def measure(size: str, variant: str) -> None:
