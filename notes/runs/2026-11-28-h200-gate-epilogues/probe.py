@@ -14,13 +14,17 @@ now swaps the step's block for `block_with_gate` itself (the same block).
 
     PYTHONPATH=src python notes/runs/2026-11-28-h200-gate-epilogues/probe.py kernels small medium
     PYTHONPATH=src python notes/runs/2026-11-28-h200-gate-epilogues/probe.py steps medium:base,gate,base,gate
+
+With KERNEL_LISTS=DIR, `steps` writes each variant's kernels (GPU time by name) to DIR/SIZE_VARIANT_kernels.txt.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -94,6 +98,9 @@ def kernels(size: str) -> None:
             print(f"  backward {tiles}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
 
 
+# KERNEL_LISTS=DIR: `steps` also writes each variant's kernels (GPU time by name, three profiled steps) there
+KERNEL_LISTS = Path(os.environ["KERNEL_LISTS"]) if os.environ.get("KERNEL_LISTS") else None
+LISTED: set[tuple[str, str]] = set()
 BUILT = gate_products.gate_forward, gate_products.gate_backward
 BUILT_BLOCK = step_blocks.kernel_block
 
@@ -128,8 +135,20 @@ def steps(size: str, variant: str) -> None:
             step.run()
         torch.cuda.synchronize()
     kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA") // 3
-    print(f"{size:7s} {variant:5s}: step median {statistics.median(times):7.3f} ms (min {min(times):7.3f}); "
-          f"{kernels} kernels; tiles {gate_products.FORWARD_TILES} / {gate_products.BACKWARD_TILES}", flush=True)
+    line = (f"{size:7s} {variant:5s}: step median {statistics.median(times):7.3f} ms (min {min(times):7.3f}); "
+            f"{kernels} kernels; tiles {gate_products.FORWARD_TILES} / {gate_products.BACKWARD_TILES}")
+    print(line, flush=True)
+    if KERNEL_LISTS is not None and (size, variant) not in LISTED:  # each variant's first build: GPU time by kernel
+        LISTED.add((size, variant))
+        total, counts = Counter(), Counter()
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                total[e.name] += e.device_time / 3e3
+                counts[e.name] += 1
+        with open(KERNEL_LISTS / f"{size}_{variant}_kernels.txt", "w") as f:
+            f.write(f"# {line}\n")
+            for name, t in total.most_common():
+                f.write(f"{t:8.3f} ms  x{counts[name] // 3:4d}  {name[:160]}\n")
     del step
     gc.collect()
     torch.cuda.empty_cache()
