@@ -101,7 +101,6 @@ def test_the_section_and_its_appendix_render_cleanly(built):
     assert "### 1.2 (b) Forward and backward times" in text and "## A Benchmarking: every point" in text
 
 
-
 def test_the_optimised_series_says_every_size_and_names_its_kept_results_once(built, tmp_path):
     """A configuration slower at every size reads "at every size"; the pins that keep the series' results
     make one sentence, each with its commit."""
