@@ -21,9 +21,9 @@ for backend, device, worlds in (("nccl", "cuda", AR["nccl_world_sizes"]), ("gloo
         )
 
 
-def ddp_points(size, dtype, grid=DDP, view_sizes=(), **extra):
+def ddp_points(size, dtype, grid=DDP, view_sizes=(), buckets=None, **extra):
     variants = [(v, None) for v in grid["variants"]]
-    variants += [("bucketed", float(b)) for b in grid["bucket_sizes_mb"]]
+    variants += [("bucketed", float(b)) for b in (grid["bucket_sizes_mb"] if buckets is None else buckets)]
     variants += [("bucket_view", float(b)) for b in view_sizes]
     variants += [("torch_ddp", float(b)) for b in grid["torch_ddp_bucket_sizes_mb"]]
     return [point("ddp_step", DDP, size=size, variant=v, bucket_size_mb=b, dtype=dtype, **extra) for v, b in variants]
@@ -33,16 +33,44 @@ def ddp_name(p):
     return p["variant"] + (f"-{p['bucket_size_mb']:g}MB" if p["bucket_size_mb"] is not None else "")
 
 
+def round_name(p):
+    return f"r{p.get('round', 0)}"
+
+
+def steps_of(grid, size, dtype):
+    """Timed steps a round: the block's, or its `long_steps` for a (size, dtype) whose step is over a second."""
+    return grid.get("long_steps", {}).get(f"{size}-{dtype}", setting("ddp_step", grid, "steps"))
+
+
+def in_rounds(points, rounds):
+    """Every point once a round, the rounds one after another (ABC ABC ABC): the variants a job compares
+    alternate in time, so a drift of the machine falls on all of them."""
+    return [p | {"round": r} for r in range(rounds) for p in points]
+
+
+# One job per (size, dtype, world size) runs every variant in interleaved rounds; the jobs listed under
+# `one_round` keep the points and names they were measured with before rounds (one round of 6 steps).
+ONE_ROUND = DDP.get("one_round", {"jobs": []})
+# jobs not measured yet (a session's GPU time ran out): left out of the grid; `--config grid=next` runs them
+DDP_PENDING = set(DDP.get("pending", []))
 for size in DDP["sizes"]:
     for dtype in DDP["dtypes"]:
-        points = ddp_points(size, dtype)
-        experiment_job(
-            "ddp_step",
-            f"{size}-{dtype}",
-            points,
-            [f"results/ddp_step/{size}-{dtype}/{ddp_name(p)}.json" for p in points],
-            gpus=DDP["world_size"],
-        )
+        for world in DDP["world_sizes"]:
+            if world == 2 and f"{size}-{dtype}" in ONE_ROUND["jobs"]:
+                points = ddp_points(size, dtype, buckets=ONE_ROUND["bucket_sizes_mb"], steps=ONE_ROUND["steps"])
+                job, names = f"{size}-{dtype}", [ddp_name(p) for p in points]
+            else:
+                points = in_rounds(ddp_points(size, dtype, steps=steps_of(DDP, size, dtype)), DDP["rounds"])
+                job, names = f"{size}-{dtype}-ws{world}", [f"{ddp_name(p)}-{round_name(p)}" for p in points]
+            if job in DDP_PENDING:
+                continue
+            experiment_job(
+                "ddp_step",
+                job,
+                points,
+                [f"results/ddp_step/{job}/{name}.json" for name in names],
+                gpus=world,
+            )
 
 # Host overhead: the gradient-as-bucket-view wrapper (bucket_view) beside ours and PyTorch's, each (size,
 # dtype, world size) a job of its own with its own baselines (series "host": the section shows them
@@ -54,7 +82,13 @@ for size in HOST["sizes"]:
     for dtype in HOST["dtypes"]:
         for world in HOST["world_sizes"]:
             points = ddp_points(
-                size, dtype, HOST, HOST["view_bucket_sizes_mb"], series="host", single_rank_proxy=world == 1
+                size,
+                dtype,
+                HOST,
+                HOST["view_bucket_sizes_mb"],
+                series="host",
+                single_rank_proxy=world == 1,
+                steps=setting("ddp_step", HOST, "steps"),
             )
             job = f"host-{size}-{dtype}-" + ("proxy1" if world == 1 else f"ws{world}")
             experiment_job(
@@ -82,7 +116,7 @@ experiment_job(
     "",
     TRACE_POINTS,
     [f"results/ddp_trace/{ddp_name(p)}.json" for p in TRACE_POINTS],
-    gpus=DDP["world_size"],
+    gpus=min(DDP["world_sizes"]),
     rendered=True,
 )
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cs336sys.distributed.allreduce import algorithm_bandwidth, bus_bandwidth, max_across_ranks, time_all_reduce
+from cs336sys.distributed.clocks import clock_metrics, clock_sampler
 from cs336sys.distributed.ddp import VARIANTS, build_ddp
 from cs336sys.distributed.ddp_views import BucketViewDDP
 from cs336sys.jobs import Run, Unsupported
@@ -105,6 +106,8 @@ class DDPStepSettings:
     """Job series with its own baselines ("host": bucket_view's host-overhead jobs); None: the DDP grid's."""
     single_rank_proxy: bool = False
     """True: one rank, a group of one (every hook and launch, no transfer): a host-overhead proxy."""
+    round: int = 0
+    """Which of its job's interleaved rounds this point is (a job runs each variant once a round): a label."""
 
 
 def _wrap(settings: DDPStepSettings, run: Run):
@@ -168,25 +171,30 @@ def _ddp_step(settings: DDPStepSettings, run: Run) -> dict:
     step = build_ddp_step(settings, run)
     on_cuda = run.is_cuda
     step_ms, wait_ms = [], []
-    for i in range(settings.warmup + settings.steps):
-        synchronize(run.device)
-        start = time.perf_counter()
-        step.forward_backward()
-        if on_cuda:
-            backward_done, sync_done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            backward_done.record()
-        t_sync = time.perf_counter()
-        step.sync()
-        if on_cuda:
-            sync_done.record()
-        else:
-            wait = (time.perf_counter() - t_sync) * 1e3
-        step.optimizer_step()
-        step.zero_grad()
-        synchronize(run.device)
-        if i >= settings.warmup:
-            step_ms.append((time.perf_counter() - start) * 1e3)
-            wait_ms.append(backward_done.elapsed_time(sync_done) if on_cuda else wait)
+    with clock_sampler(run.device) as clocks:
+        for i in range(settings.warmup + settings.steps):
+            synchronize(run.device)
+            start = time.perf_counter()
+            if i == settings.warmup:
+                timed_from = start
+            step.forward_backward()
+            if on_cuda:
+                backward_done, sync_done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                backward_done.record()
+            t_sync = time.perf_counter()
+            step.sync()
+            if on_cuda:
+                sync_done.record()
+            else:
+                wait = (time.perf_counter() - t_sync) * 1e3
+            step.optimizer_step()
+            step.zero_grad()
+            synchronize(run.device)
+            if i >= settings.warmup:
+                step_ms.append((time.perf_counter() - start) * 1e3)
+                wait_ms.append(backward_done.elapsed_time(sync_done) if on_cuda else wait)
+        timed_to = time.perf_counter()
+    clock = clocks.summary(timed_from, timed_to)  # the timed steps' SM clock and power ({} without nvidia-smi)
     # After the steps every rank must hold the same parameters (except `none`, which does not
     # communicate): a check of the wrapper on NCCL at full size, beside the gloo tests.
     with torch.no_grad():
@@ -194,7 +202,7 @@ def _ddp_step(settings: DDPStepSettings, run: Run) -> dict:
     per_rank = [None] * run.world_size
     dist.all_gather_object(per_rank, {"mean_ms": statistics.fmean(step_ms), "wait_ms": statistics.fmean(wait_ms),
                                       "peak_memory_bytes": torch.cuda.max_memory_allocated() if on_cuda else None,
-                                      "parameter_checksum": checksum})
+                                      "parameter_checksum": checksum, **clock})
     checksums = [r["parameter_checksum"] for r in per_rank]
     if settings.variant != "none" and max(checksums) != min(checksums):
         raise RuntimeError(f"{settings.variant}: ranks disagree on the parameters after training: {checksums}")
@@ -206,7 +214,9 @@ def _ddp_step(settings: DDPStepSettings, run: Run) -> dict:
             "grad_bytes": gradient_bytes(step.model), "parameters": step.info["parameters"],
             "all_reduces_per_step": len(groups) if groups is not None else None,
             "launched_in_backward": getattr(wrapper, "groups_launched_in_backward", None),
-            "peak_memory_bytes": per_rank[run.rank]["peak_memory_bytes"], "world_size": run.world_size}
+            "peak_memory_bytes": per_rank[run.rank]["peak_memory_bytes"], "world_size": run.world_size,
+            **clock_metrics(per_rank)}
+
 
 
 # --- one profiled step: the overlap, seen ------------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cs336sys.distributed.clocks import clock_metrics, clock_sampler
 from cs336sys.distributed.ddp import OverlappedDDP
 from cs336sys.distributed.fsdp import FSDP
 from cs336sys.distributed.sharded_optimizer import ShardedOptimizer
@@ -78,16 +79,22 @@ class _Memory:
         return torch.cuda.max_memory_allocated() if self.cuda else None
 
 
-def _time_steps(step: Step, warmup: int, steps: int, device: str) -> list[float]:
+def _time_steps(step: Step, warmup: int, steps: int, device: str) -> tuple[list[float], dict]:
+    """Each timed step's milliseconds (host clock, the device synchronised around it), and the SM clock
+    and power over the timed steps ({} on the CPU or without nvidia-smi)."""
     times = []
-    for i in range(warmup + steps):
-        synchronize(device)
-        start = time.perf_counter()
-        step.run()
-        synchronize(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return times
+    with clock_sampler(device) as clocks:
+        for i in range(warmup + steps):
+            synchronize(device)
+            start = time.perf_counter()
+            if i == warmup:
+                timed_from = start
+            step.run()
+            synchronize(device)
+            if i >= warmup:
+                times.append((time.perf_counter() - start) * 1e3)
+        timed_to = time.perf_counter()
+    return times, clocks.summary(timed_from, timed_to)
 
 
 def _gather_per_rank(run: Run, values: dict) -> list[dict]:
@@ -118,6 +125,8 @@ class ShardingSettings:
     """Timed steps (host clock, device synchronised before and after each)."""
     device: str = "cuda"
     """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
+    round: int = 0
+    """Which of its job's interleaved rounds this point is (a job runs each variant once a round): a label."""
 
 
 def _sharding_optimizer(variant: str):
@@ -157,13 +166,13 @@ def run_sharding_memory_point(settings: ShardingSettings, run: Run) -> dict:
     readings.update(after_step_allocated_bytes=memory.allocated(), after_step_peak_bytes=memory.peak())
     state_bytes = optimizer_state_bytes(step.optimizer)
     step.zero_grad()
-    times = _time_steps(step, max(settings.warmup - 1, 0), settings.steps, run.device)
+    times, clock = _time_steps(step, max(settings.warmup - 1, 0), settings.steps, run.device)
     breakdown = {"param_bytes": tensor_bytes(params), "grad_bytes": grad_bytes,
                  "optimizer_state_bytes": state_bytes}
-    per_rank = _gather_per_rank(run, {**readings, **breakdown, "mean_ms": statistics.fmean(times)})
+    per_rank = _gather_per_rank(run, {**readings, **breakdown, "mean_ms": statistics.fmean(times), **clock})
     return {**summarize_ms(times), "step_ms": times, **readings, **breakdown, "ranks": per_rank,
             "parameters": step.info["parameters"], "world_size": run.world_size,
-            "peak_after_step_bytes": readings["after_step_peak_bytes"]}
+            "peak_after_step_bytes": readings["after_step_peak_bytes"], **clock_metrics(per_rank)}
 
 
 # --- FSDP ------------------------------------------------------------------------------------------
@@ -195,6 +204,8 @@ class FSDPSettings:
     """Timed steps (host clock, device synchronised before and after each)."""
     device: str = "cuda"
     """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
+    round: int = 0
+    """Which of its job's interleaved rounds this point is (a job runs each variant once a round): a label."""
 
 
 def _fsdp_wrapper(settings: FSDPSettings):
@@ -239,15 +250,16 @@ def run_fsdp_step_point(settings: FSDPSettings, run: Run) -> dict:
     step = build_fsdp_step(settings, run)
     synchronize(run.device)
     after_init = memory.allocated()
-    times = _time_steps(step, settings.warmup, settings.steps, run.device)
+    times, clock = _time_steps(step, settings.warmup, settings.steps, run.device)
     params = list(step.module.parameters())
     held = {"sharded_param_bytes": tensor_bytes(params), "optimizer_state_bytes": optimizer_state_bytes(step.optimizer)}
     if isinstance(step.module, FSDP):
         held["fsdp_units"] = len(step.module.units)  # all-gathers per forward
-    per_rank = _gather_per_rank(run, {"mean_ms": statistics.fmean(times), "peak_bytes": memory.peak(), **held})
+    per_rank = _gather_per_rank(run, {"mean_ms": statistics.fmean(times), "peak_bytes": memory.peak(), **held,
+                                      **clock})
     return {**summarize_ms(times), "step_ms": times, "after_init_allocated_bytes": after_init,
             "peak_bytes": memory.peak(), **held, "ranks": per_rank, "parameters": step.info["parameters"],
-            "world_size": run.world_size, "flops_per_step": step.info["flops_per_step"]}
+            "world_size": run.world_size, "flops_per_step": step.info["flops_per_step"], **clock_metrics(per_rank)}
 
 
 @dataclass(frozen=True)
