@@ -183,26 +183,6 @@ def test_aligned_rows_gives_tma_ready_rows_of_the_same_values():
         assert torch.equal(ready[:, :rows.shape[1]], rows) and not ready[:, rows.shape[1]:].any()
 
 
-def test_bench_forward_variants_name_their_options(monkeypatch):
-    """tools/flash_gluon_bench.py loads here, its `ws_tiles_first_deep` is the default tiles without the
-    schedule options, and each `ws_<options>` variant is those tiles with exactly the options it names."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "tools" / "flash_gluon_bench.py"
-    spec = importlib.util.spec_from_file_location("flash_gluon_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(__import__("sys").modules, spec.name, bench)
-    spec.loader.exec_module(bench)
-    assert bench.VARIANTS["ws_tiles_first_deep"] == PLAIN_TILES
-    assert bench.VARIANTS["ws_pin_p_late"] == flash_gluon.FORWARD_TILES
-    options = ("p_late", "pingpong", "pin")
-    for name, tiles in bench.VARIANTS.items():
-        named = {o for o in options if f"_{o}_" in f"{name}_"}  # "ws_pin_p_late": pin and p_late, not pingpong
-        if name.startswith("ws_") and named:
-            assert tiles == {d: replace(t, **{o: o in named for o in options}) for d, t in PLAIN_TILES.items()}, name
-
-
 def _compile_check_tool():
     """tools/gluon_compile_check.py as a module; the test skips unless Triton is the GPU hosts' 3.6 (later
     Gluon renamed the TMA copies): install it beside the project's with `pip install --no-deps --target

@@ -213,33 +213,3 @@ def test_explicit_tile_strings_match_the_table_and_bad_ones_are_named():
         FlashAttention2Triton.apply(q, k, v, True, "tf32", "16by16")
     with pytest.raises(ValueError, match="not of the form kvMxN"):
         FlashAttention2Triton.apply(q, k, v, True, "tf32", None, "kv16x16")
-
-
-@interpreted
-@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-@pytest.mark.parametrize("lead,seq_q,seq_k,d,causal", CASES)
-def test_descriptor_kernels_match_float64(lead, seq_q, seq_k, d, causal, prefetch):
-    """The tensor-descriptor (TMA) kernel family: tiles that run past a head's end read the next
-    head's rows, which must get weight zero and never be stored."""
-    from cs336sys.attention.flash_triton_tma import TmaConfig, tma_backward, tma_forward
-
-    q, k, v = random_qkv(lead, seq_q, seq_k, d)
-    grad_out = torch.randn_like(q)
-    config = TmaConfig(block_m=32, block_n=16, num_warps=4, num_stages=1, q_m=32, q_n=16, q_stages=1,
-                       kv_m=16, kv_n=32, kv_stages=1, prefetch=prefetch)
-    with torch.no_grad():
-        out, lse = tma_forward(q, k, v, causal, config, "ieee")
-        grads = tma_backward(q, k, v, out, lse, grad_out, causal, config, "ieee")
-    ref_out, ref_lse, *ref_grads = reference_attention(q, k, v, grad_out, causal)
-    assert rel_err(out, ref_out) < 1e-5 and rel_err(lse, ref_lse) < 1e-5
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert rel_err(got, want) < 1e-5
-
-
-@interpreted
-def test_descriptor_kernels_refuse_misaligned_tiles():
-    from cs336sys.attention.flash_triton_tma import TmaConfig, tma_forward
-
-    q, k, v = random_qkv((1,), 32, 32, 16)
-    with pytest.raises(ValueError, match="multiple of block_n"):
-        tma_forward(q.detach(), k.detach(), v.detach(), True, TmaConfig(block_m=16, block_n=32))

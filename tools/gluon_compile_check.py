@@ -3,9 +3,10 @@
     PYTHONPATH=src python tools/gluon_compile_check.py [--only backward] [--json OUT.json]
 
 The Gluon launchers (`flash_gluon.flash_attention_gluon_forward`, `flash_gluon_backward.flash_backward_gluon`)
-are run on small CPU tensors with their kernel launches caught instead of run (as `kernel_equivalence.py`
-does for the `tl` kernels); each caught launch is bound as Triton's launcher would bind it (same
-signature, constexprs and divisibility attributes; seq 256 and 300 cover both integer specialisations)
+are run on small CPU tensors with their kernel launches caught instead of run (as
+`notes/runs/2026-11-25-h100-flash-refactor/kernel_equivalence.py` did for the `tl` kernels); each caught
+launch is bound as Triton's launcher would bind it (same signature, constexprs and divisibility
+attributes; seq 256 and 300 cover both integer specialisations)
 and compiled by `triton.compile` with an explicit `GPUTarget("cuda", 90, 32)`: front end, TTGIR
 passes, LLVM, PTX and ptxas (shipped with Triton) to a cubin. Then the PTX goes through ptxas again
 with -v for registers, spill bytes and shared memory. Exit status 0 when every launch compiled.
@@ -142,7 +143,7 @@ def _catch_launches(opts) -> list:
     try:
         for obj, name in patched[2:]:
             setattr(obj, name, catch(obj))
-        flash_triton_backward.backward_delta_kernel.run = lambda *a, **k: None  # `tl`: kernel_equivalence's
+        flash_triton_backward.backward_delta_kernel.run = lambda *a, **k: None  # the `tl` D kernel: not compiled here
         flash_gluon.check_gluon_inputs = lambda *a: None  # CPU tensors stand in for CUDA ones
         dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[name] for name in opts.dtypes.split(",")]
         for d, dtype, seq, causal in itertools.product([int(x) for x in opts.d.split(",")], dtypes,

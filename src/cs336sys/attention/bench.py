@@ -1,4 +1,5 @@
-"""Benchmark points for the attention problems; each is `fn(settings) -> metrics` for cs336sys.run.
+"""Experiment points (registry: pytorch_attention, flash_benchmarking, flash_leaderboard), each
+`fn(settings, run) -> metrics` for cs336sys.run.
 
     run_pytorch_attention_point   problems 7 and 8a: naive attention, eager or compiled
     run_flash_point               problem 11: Triton FlashAttention-2 vs naive, compiled naive, SDPA

@@ -1,6 +1,8 @@
-"""The Gluon FlashAttention (Hopper) at both leaderboards' attention shapes, measured as the
-`flash_leaderboard` points are (`bench.measure_leaderboard_point`), so the section sets it beside ours
-(`tl`), cuDNN and SDPA's FlashAttention-2 of the same GPU model.
+"""Experiment points (registry: flash_leaderboard_gluon): the Gluon FlashAttention (Hopper).
+
+The Gluon kernels at both leaderboards' attention shapes, measured as the `flash_leaderboard` points
+are (`bench.measure_leaderboard_point`), so the section sets them beside ours (`tl`), cuDNN and SDPA's
+FlashAttention-2 of the same GPU model.
 
 impl "gluon": the Gluon forward and the `tl` backward with the point's backward tiles; "gluon_bwd":
 the Gluon forward and the Gluon backward (warp-specialised, `flash_gluon_backward_ws`); "sdpa_cudnn": cuDNN through

@@ -1,9 +1,9 @@
-"""Tile shapes for the Triton FlashAttention kernels: a small table, chosen by (d, dtype, size).
+"""Part of `flash_triton`: the Triton kernels' tile shapes, a small table chosen by (d, dtype, size).
 
 A deliberate table instead of `triton.autotune`: every entry compiles once, so the whole flash
 grid (d 16..128, two dtypes, seq 128..65,536) compiles a handful of kernels, not hundreds, and no
-timing includes a search. The entries were chosen on an H100 with tools/flash_tune.py;
-notes/flash_attention.md has the measurements.
+timing includes a search. The entries were chosen on an H100 with the tuning script that now lies
+in notes/runs/2026-11-23-h200/flash_tune.py; notes/flash_attention.md has the measurements.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""FlashAttention with a Gluon forward for Hopper GPUs, beside the `triton.language` kernels.
+"""Implementation, Hopper only: the Gluon FlashAttention (`FlashAttentionGluon`), its tile tables and launchers.
+
+The 8B step's attention "gluon" and the flash_leaderboard_gluon points run it, beside the
+`triton.language` kernels (`flash_triton`).
 
 `FlashAttentionGluon.apply(q, k, v, is_causal=False)` takes (batch, seq, d) or (batch, heads, seq, d)
 tensors in bfloat16 or float16 with d in {64, 128} on a Hopper (compute capability 9.0) CUDA GPU, where

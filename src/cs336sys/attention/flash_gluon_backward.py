@@ -1,4 +1,7 @@
-"""FlashAttention backward for Hopper in Gluon: 5 tile products per (query tile, key tile) pair.
+"""Option, not the default: the single-partition Gluon backward (5 tile products per tile pair).
+
+Kept because its tiles are entries of `flash_gluon.BACKWARD_VARIANTS`, which the tests compile and
+run; the default is `flash_gluon_backward_ws`, which takes its LOG2E from here.
 
 FlashAttention-2's backward laid out as FlashAttention-3 does on Hopper, kept simple (one partition,
 no warp specialisation):

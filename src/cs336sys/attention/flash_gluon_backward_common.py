@@ -1,6 +1,7 @@
-"""What the Gluon backward kernels share: the warp-specialised kernel's tile sizes, the TMA reduce-add
-and the dQ workspace's two orders, the query tiles a key tile visits, a tile's L and D, P from S, and
-the dK/dV stores.
+"""Part of the Gluon backwards: what the default one and the options share.
+
+The warp-specialised kernel's tile sizes, the TMA reduce-add and the dQ workspace's two orders, the
+query tiles a key tile visits, a tile's L and D, P from S, and the dK/dV stores.
 
 Triton 3.6's Gluon has no Python wrapper for the TMA reduction (`cp.reduce.async.bulk.tensor`) that its
 builder offers (`GluonOpBuilder.create_async_tma_reduce`), so `tma_reduce_add` calls the builder.

@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon backward's consumer with its products rotated across steps.
+"""Part of the default Gluon backward at d 64: its consumer, with the products rotated across steps.
 
 `flash_gluon_backward_ws._consumer_steps` waits for all five products of a step before the next
 step's first product is issued, so each consumer warpgroup leaves the tensor cores idle while it

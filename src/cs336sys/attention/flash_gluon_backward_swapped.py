@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon backward's consumer with keys on the MMA rows (`swap_ab`).
+"""Part of the default Gluon backward at d 128: its consumer, with keys on the MMA rows (`swap_ab`).
 
 The plain consumer (`flash_gluon_backward_ws`) computes S_w = Q K_w^T and dP_w = dO V_w^T with the
 queries on the rows, so P_w^T and dS_w^T, the A operands of dV += P^T dO and dK += dS^T Q, have to go

@@ -1,4 +1,7 @@
-"""The Gluon backward, warp-specialised (FlashAttention-3's layout of a backward CTA, on Hopper).
+"""Default Gluon backward, warp-specialised (FlashAttention-3's layout of a backward CTA, on Hopper).
+
+Its kernel and launcher; the consumer steps that run by default are `flash_gluon_backward_rotated`'s
+(d 64) and `flash_gluon_backward_swapped`'s (d 128). The plain steps here are an option the tests run.
 
 One CTA owns 128 keys of one batch*head (K and V in shared memory as two 64-key halves) and visits
 the query tiles (64 rows; BLOCK_M 128 with the swapped consumer) that can see them. Three partitions:

@@ -1,4 +1,10 @@
-"""FlashAttention forward for Hopper in Gluon (Triton's explicit layer): TMA, mbarriers, async wgmma.
+"""Part of the default Gluon forward (its tile loads, scores, softmax step) and the single-partition kernel that lost.
+
+`flash_gluon_forward_ws` composes `_load_kv`, `_issue_scores` and `_softmax_tile` from here. The kernel
+itself (`flash_forward_gluon_kernel`) runs only for `GluonTiles` without consumer_regs, which no tile
+table, test or result uses since the warp-specialised forward won (notes/flash_attention.md). It stays
+while `flash_gluon.flash_attention_gluon_forward` names it: taking it out changes the code hash of every
+experiment that reaches the Gluon kernels, so it leaves with their next re-run.
 
 One program per (batch*head, query tile), grid axis 0 the batch*heads so that every head's longest
 causal tile starts first. Q is loaded once by TMA into shared memory; K and V tiles stream through a

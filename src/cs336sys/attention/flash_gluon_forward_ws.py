@@ -1,4 +1,4 @@
-"""The Gluon forward, warp-specialised (FlashAttention-3's layout of a CTA, on Hopper).
+"""Default Gluon forward, warp-specialised (FlashAttention-3's layout of a CTA, on Hopper).
 
 Three partitions of one CTA, which owns 128 query rows of one batch*head:
 - a producer warp with few registers issues every TMA load: the two 64-row halves of Q, then the

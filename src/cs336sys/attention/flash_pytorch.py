@@ -1,5 +1,7 @@
-"""FlashAttention-2 in plain PyTorch: a tiled forward with an online softmax, and a backward that
-recomputes the probabilities from the saved log-sum-exp L (problems 9a and 10).
+"""Implementation for problems 9a and 10: FlashAttention-2 in plain PyTorch (the assignment's adapter).
+
+A tiled forward with an online softmax, and a backward that recomputes the probabilities from the
+saved log-sum-exp L.
 
 The forward never holds more than one (block_q, block_k) tile of scores per query tile. The
 backward is the assignment's "recompute, then use D = rowsum(O * dO)" version; it materialises

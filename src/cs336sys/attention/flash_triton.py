@@ -1,4 +1,7 @@
-"""FlashAttention-2 as a `torch.autograd.Function` over the Triton kernels (problems 9-10).
+"""Default flash implementation: FlashAttention-2 over the Triton kernels (problems 9-11).
+
+A `torch.autograd.Function` over `flash_triton_forward` and `flash_triton_backward`, tiles from
+`flash_configs`; the flash benchmarks, the optimised step and the 8B step's "flash" attention run it.
 
 `FlashAttention2Triton.apply(q, k, v, is_causal=False, precision="tf32", forward_tiles=None,
 backward_tiles=None)` takes (batch, seq, d) or (batch, heads, seq, d) tensors in float32, float16

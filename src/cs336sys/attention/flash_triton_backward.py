@@ -1,4 +1,4 @@
-"""FlashAttention-2 backward in Triton (problem 10): recomputation with D = rowsum(O * dO).
+"""Part of `flash_triton`: the FlashAttention-2 backward kernels (problem 10), recomputing with D = rowsum(O * dO).
 
 `backward_kernel` has two kinds of program:
   - dK/dV programs, one per key tile: walk the query tiles that can see the tile, recompute
@@ -17,8 +17,8 @@ only tiles that cross it compare indices.
 
 All tensors are contiguous (..., seq, d): row stride d, head stride seq * d, with batch and heads
 flattened into one grid axis. The step of each inner loop (`dq_step`, `dkdv_step`), the loads of L
-and the store of D, and the launch's scales are shared with the descriptor kernels of
-`flash_triton_tma`.
+and the store of D, and the launch's scales are helpers, which the descriptor (TMA) kernels that
+lost to these called too (notes/flash_attention.md; removed after commit 1a6ada3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FlashAttention-2 forward as one fused Triton kernel (problem 9b/9c).
+"""Part of `flash_triton`: the FlashAttention-2 forward as one fused Triton kernel (problem 9b/9c).
 
 Grid: (query tiles, batch * heads). Each program keeps its query tile in registers and walks the
 key/value tiles once with an online softmax in base 2 (log2(e) is folded into the score scale, so
@@ -9,8 +9,8 @@ pointers), so the module works from Triton 3.2 to 3.9. All tensors are contiguou
 (..., seq, d): row stride d, head stride seq * d, with batch and heads flattened into one grid axis.
 
 The program's setup (its query tile and tile offsets, the score masks, the online-softmax step and
-its result, the output store, the launch's buffers and scale) is written once here as helpers that
-the descriptor kernels of `flash_triton_tma` call too.
+its result, the output store, the launch's buffers and scale) is written as helpers: the descriptor
+(TMA) kernels that lost to these called them too (notes/flash_attention.md; removed after commit 1a6ada3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checking attention inputs once, for every implementation, with errors that say what is wrong.
+"""Part of every implementation: attention inputs checked once, with errors that say what is wrong.
 
 Layout: queries (..., seq_q, d), keys and values (..., seq_k, d) with the same leading dimensions:
 (batch, seq, d) or (batch, heads, seq, d). Causal masking is top-left aligned (query i sees

@@ -1,4 +1,4 @@
-"""Naive scaled dot-product attention: the full score matrix is materialised.
+"""Default attention: naive scaled dot-product attention, the full score matrix materialised.
 
 This is the baseline of problems 7, 8 and 11, the Transformer's default attention, and (in float64)
 the reference the tests compare the tiled implementations with.

@@ -1,7 +1,7 @@
 """Do tensor-descriptor (TMA) loads and Triton's warp specialisation make our FlashAttention-2
 faster on Hopper? One GPU, one call, both leaderboard shapes (issue 23, notes/flash_attention.md).
 
-    PYTHONPATH=src python tools/flash_hopper_probe.py --out DIR [--shapes lb25,lb26]
+    PYTHONPATH=src python notes/runs/2026-11-24-h100/flash_hopper_probe.py --out DIR [--shapes lb25,lb26]
 
 For each shape (lb25: the 2025 harness's q, k, v of (16, 16384, 64), heads folded into the batch;
 lb26: the 8B step's (1, 32, 32768, 128)), bf16, causal:

@@ -1,6 +1,6 @@
 """Leave some SMs to the AdamW updates that run beside the backward (a hand-run probe, not a result).
 
-    python tools/updates_overlap_probe.py large medium --carveouts 0 8 16 24 32 48 [--launches]
+    python notes/runs/2026-11-27-h100-carveout/updates_overlap_probe.py large medium --carveouts 0 8 16 24 32 48 [--launches]
 
 Inside the optimised step's backward the updates (memory-bound, about 28 B per parameter) run on a side
 stream beside the products (compute-bound), yet they add most of their own time to the step (6.7 ms of

@@ -2,8 +2,8 @@
 
 Run on a Hopper GPU host (notes/flash_attention.md, "Gluon kernels (Hopper)", "Gluon backward (Hopper)"):
 
-    PYTHONPATH=src python3 tools/flash_gluon_bench.py --out $OUT [--shapes lb25,lb26] [--variants all]
-    PYTHONPATH=src python3 tools/flash_gluon_bench.py --out $OUT --backward-only   # the backward alone
+    PYTHONPATH=src python3 notes/runs/2026-11-27-h100-leaderboard-clocks/flash_gluon_bench.py --out $OUT [--shapes lb25,lb26] [--variants all]
+    PYTHONPATH=src python3 notes/runs/2026-11-27-h100-leaderboard-clocks/flash_gluon_bench.py --out $OUT --backward-only   # the backward alone
 
 1. Each Gluon variant (tiles x ring depth x warps x loop schedule) is checked against float64 at small
    ragged shapes, causal and not, both head dims, bf16 and fp16 (O and L); a variant that fails to

@@ -1,6 +1,6 @@
-"""Where a kernel's warps wait, from Nsight Compute's source page (`tools/ncu_gluon.sh` writes it):
+"""Where a kernel's warps wait, from Nsight Compute's source page (`notes/runs/2026-11-27-h100-gluon/ncu_gluon.sh` writes it):
 
-    python tools/ncu_stalls.py SOURCE.csv[.gz] [--top N] [--ops MEMBAR,FENCE,LDG]
+    python notes/runs/2026-11-27-h100-gluon/ncu_stalls.py SOURCE.csv[.gz] [--top N] [--ops MEMBAR,FENCE,LDG]
 
 For each kernel in the file: the share of its warp-state samples by stall reason, the N instructions
 with the most samples (index, share, instruction, its three largest reasons), and for the opcode

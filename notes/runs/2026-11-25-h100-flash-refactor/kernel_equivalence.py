@@ -1,8 +1,8 @@
 """Do two versions of the flash kernels compile to the same machine code? Checked on a CPU machine.
 
-    python tools/kernel_equivalence.py REV            # REV's sources against this checkout's
-    python tools/kernel_equivalence.py REV --list     # also each launch's hashes
-    python tools/kernel_equivalence.py REV --strict   # the SASS must match too
+    python notes/runs/2026-11-25-h100-flash-refactor/kernel_equivalence.py REV            # REV's sources against this checkout's
+    python notes/runs/2026-11-25-h100-flash-refactor/kernel_equivalence.py REV --list     # also each launch's hashes
+    python notes/runs/2026-11-25-h100-flash-refactor/kernel_equivalence.py REV --strict   # the SASS must match too
 
 A refactor of the Triton kernels (a helper pulled out, shared setup written once) changes their
 source, so the re-run rule stales every result they made, though the GPU may run the same code.
@@ -14,7 +14,7 @@ Triton's own nvdisasm). The launches:
     the committed shapes (the flash grid's d in {16, 32, 64, 128}, both leaderboard shapes; bf16,
     fp16, fp32 with tf32 and IEEE products; causal and not; even and ragged lengths);
   - the descriptor (TMA) kernels of `flash_triton_tma`, which run in bf16: `TmaConfig()` with and
-    without prefetch at the same shapes, and every candidate of tools/flash_hopper_probe.py (its
+    without prefetch at the same shapes, and every candidate of notes/runs/2026-11-24-h100/flash_hopper_probe.py (its
     tile tables and its warp-specialisation evidence) at both leaderboard shapes. Descriptors need
     no GPU to compile: the PTX holds the TMA copies. The backward kernels with warp_specialize stop
     the compiler (its warp-specialisation pass fails); such a launch counts as the same when it
@@ -26,6 +26,9 @@ instruction refers to them, but ptxas (seen with Triton 3.6 and 3.9) schedules a
 so a helper pulled out can change its schedule and registers. The SASS line says for how many
 launches it did. Exit status 0 when every launch has the same PTX (with --strict: and the same
 SASS), 1 otherwise.
+
+A record of the 2026-11-25 refactor (it ran as tools/kernel_equivalence.py): the descriptor kernels it
+compiles (`flash_triton_tma`) left the package after commit 1a6ada3, so run it from a checkout that has them.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]  # the checkout (this record lies in notes/runs/<run>/)
 FAILS = "does not compile:"
 # Line records, and the labels that mark where an inlined helper's lines begin for the (removed)
 # debug sections: no instruction refers to them, and a helper call adds some.
@@ -64,7 +67,7 @@ def _worker() -> None:
     from cs336sys.attention import flash_configs, flash_triton_backward, flash_triton_forward
     from cs336sys.attention import flash_triton_tma as tma
 
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "notes" / "runs" / "2026-11-24-h100"))
     import flash_hopper_probe as probe
 
     caught = []

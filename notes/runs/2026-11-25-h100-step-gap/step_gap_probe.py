@@ -1,7 +1,7 @@
 """Where the optimised step's forward+backward loses to its roofline, per size (a hand-run probe, not a result).
 
-    python tools/step_gap_probe.py --sizes small medium large xl 2.7B --out rows.jsonl
-    python tools/step_gap_probe.py --sizes small --autotune     # also blocks compiled by max-autotune
+    python notes/runs/2026-11-25-h100-step-gap/step_gap_probe.py --sizes small medium large xl 2.7B --out rows.jsonl
+    python notes/runs/2026-11-25-h100-step-gap/step_gap_probe.py --sizes small --autotune     # also blocks compiled by max-autotune
 
 For each size, with the series' best configuration (fused AdamW, CUDA graph, our flash, bf16 weights),
 on one GPU:

@@ -1,6 +1,6 @@
 """Check and time FlashAttention tile variants on one GPU, in one call (notes/flash_attention.md).
 
-    PYTHONPATH=src python tools/flash_tune.py --out DIR [--phases ceilings,sweep,compare,leaderboard]
+    PYTHONPATH=src python notes/runs/2026-11-23-h200/flash_tune.py --out DIR [--phases ceilings,sweep,compare,leaderboard]
 
 Phases:
   ceilings     the machine's two roofs: a large bf16 matrix product and a device-to-device copy

@@ -5,9 +5,9 @@ of what our wrappers do on the host: hook calls, the tensor operations inside th
 variant, PyTorch's DDP included, the all-reduces started per step.
 
     # CPU, gloo, 2 ranks: the 2025 xl's 435 parameter tensors at tiny width, so host work dominates
-    PYTHONPATH=src python tools/ddp_host_profile.py --out DIR
+    PYTHONPATH=src python notes/runs/2026-11-24-cpu/ddp_host_profile.py --out DIR
     # one GPU: world size 1 in an NCCL group of one (hooks, buckets, launches; no transfer)
-    PYTHONPATH=src python tools/ddp_host_profile.py --device cuda --world 1 --size xl --dtype bf16 \
+    PYTHONPATH=src python notes/runs/2026-11-24-cpu/ddp_host_profile.py --device cuda --world 1 --size xl --dtype bf16 \
         --context 512 --batch 4 --out DIR
 
 Rows (rank 0's; one per variant) go to DIR/ddp_host_profile.json with the settings and the machine;

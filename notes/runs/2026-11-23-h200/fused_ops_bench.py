@@ -1,7 +1,7 @@
 """Time the fused RMSNorm, SwiGLU gate and RoPE against the model's torch ops at the 8B leaderboard
 step's shapes (32,768 tokens per GPU, bf16), and one whole 8B block both ways, on one GPU.
 
-    PYTHONPATH=src python tools/fused_ops_bench.py --out DIR [--tokens 32768]
+    PYTHONPATH=src python notes/runs/2026-11-23-h200/fused_ops_bench.py --out DIR [--tokens 32768]
 
 First each fused function is checked against the model's ops at that shape (largest error over the
 largest value, forward and gradients). Then forward and forward+backward are timed

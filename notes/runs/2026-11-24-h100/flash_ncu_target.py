@@ -2,7 +2,7 @@
 target for Nsight Compute that runs every launch once inside a profiler range (issue 23).
 
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --csv --page details python3 tools/flash_ncu_target.py > ncu.csv
+        --csv --page details python3 notes/runs/2026-11-24-h100/flash_ncu_target.py > ncu.csv
 
 Ours with the tiles the attention leaderboard job uses (config/main.yaml: the table's at the 2025
 shape, the 8B step's at the 2026 shape); SDPA's cuDNN backend forward and forward+backward.
