@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.analysis import ddp, ddp_steps, ddp_trace
+from cs336sys.analysis import ddp, ddp_steps, ddp_sweep, ddp_trace
 from cs336sys.analysis.context import as_json
 from cs336sys.analysis.ddp_model import (
     exposed_time,
@@ -313,8 +313,8 @@ def test_bus_bandwidth_target_misses_when_one_gib_falls_short(tmp_path):
 def test_ddp_targets_meet_and_miss(gpu_section):
     _, ctx, _ = gpu_section
     jobs = {j["name"]: j for j in ctx.ddp_jobs}
-    assert list(jobs) == ["xl-fp32", "2.7B-bf16"]  # registry order of sizes
-    meet, miss = jobs["2.7B-bf16"]["targets"], jobs["xl-fp32"]["targets"]
+    assert list(jobs) == ["xl-fp32-ws2", "2.7B-bf16-ws2"]  # registry order of sizes
+    meet, miss = jobs["2.7B-bf16-ws2"]["targets"], jobs["xl-fp32-ws2"]["targets"]
     assert meet["bucketed"]["ratio"] == pytest.approx(306.0 / 303.0) and meet["bucketed"]["ok"]
     assert meet["overlap"]["ratio"] == pytest.approx(318.0 / 303.0) and meet["overlap"]["ok"]
     assert miss["bucketed"]["ratio"] == pytest.approx(530.0 / 505.0) and not miss["bucketed"]["ok"]
@@ -322,8 +322,11 @@ def test_ddp_targets_meet_and_miss(gpu_section):
     assert "ok" not in meet["naive"] and "ok" not in meet["flat"]  # shown, not targets
     assert meet["bucketed"]["bucket_mb"] == 100.0  # the model's constants put the optimum near 100 MiB
     assert meet["bucketed"]["matched_ratio"] == pytest.approx(306.0 / (303.0 * 1.004))
-    se = meet["bucketed"]["se"]  # standard error of a ratio of two means of 10 steps, std 1 ms each
-    assert se == pytest.approx(meet["bucketed"]["ratio"] * math.sqrt((1 / 306) ** 2 / 10 + (1 / 303) ** 2 / 10))
+    # one round: the ratio's range is two standard errors each way (a ratio of two means of 10 steps, std 1 ms)
+    se = meet["bucketed"]["ratio"] * math.sqrt((1 / 306) ** 2 / 10 + (1 / 303) ** 2 / 10)
+    assert not meet["bucketed"]["paired"] and meet["bucketed"]["rounds"] == 1
+    assert meet["bucketed"]["lo"] == pytest.approx(meet["bucketed"]["ratio"] - 2 * se)
+    assert meet["bucketed"]["hi"] == pytest.approx(meet["bucketed"]["ratio"] + 2 * se)
 
 
 def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, tmp_path):
@@ -331,8 +334,8 @@ def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, 
     model's FLOPs, against the job of the same dtype that computes fastest (none in another dtype)."""
     _, ctx, _ = gpu_section
     jobs = {j["name"]: j for j in ctx.ddp_jobs}
-    assert jobs["2.7B-bf16"]["missed"] is None
-    note = jobs["xl-fp32"]["missed"]
+    assert jobs["2.7B-bf16-ws2"]["missed"] is None
+    note = jobs["xl-fp32-ws2"]["missed"]
     assert note["targets"] == ["bucketed", "overlap"] and "other" not in note  # the other job is bf16
     assert note["tflops"] == pytest.approx(train_step_flops("xl", 4, 512) / 0.5 / 1e12)
     root = tmp_path / "same-dtype"
@@ -340,21 +343,23 @@ def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, 
     _ddp_job(root, "xl", "fp32", 400.0, bucketed_best=450.0, overlap=420.0, torch=405.0)  # misses bucketed only
     ctx2, _ = build(root, inputs(root))
     jobs = {j["name"]: j for j in ctx2.ddp_jobs}
-    note = jobs["xl-fp32"]["missed"]
-    assert jobs["2.7B-fp32"]["missed"] is None and note["targets"] == ["bucketed"] and note["other"] == "2.7B, fp32"
+    note = jobs["xl-fp32-ws2"]["missed"]
+    assert jobs["2.7B-fp32-ws2"]["missed"] is None and note["targets"] == ["bucketed"]
+    assert note["other"] == "2.7B, fp32, 2 ranks"
     assert note["flops_ratio"] == pytest.approx(train_step_flops("xl", 4, 512) / train_step_flops("2.7B", 4, 512))
     assert note["time_ratio"] == pytest.approx(400.0 / 300.0)
     text = render(ctx2, tmp_path / "report")
-    assert "xl, fp32 misses the bucketed target." in text and f"{note['flops_ratio']:.2f}× the model arithmetic" in text
+    assert "xl, fp32, 2 ranks misses the bucketed target." in text and f"{note['flops_ratio']:.2f}× the model arithmetic" in text
 
 
 def test_ddp_step_table_and_answers(gpu_section):
     _, ctx, out = gpu_section
-    j = next(j for j in ctx.ddp_jobs if j["name"] == "2.7B-bf16")
+    j = next(j for j in ctx.ddp_jobs if j["name"] == "2.7B-bf16-ws2")
     naive = j["variants"]["naive"]
     assert naive["comm_ms"] == pytest.approx(95.0) and naive["comm_share"] == pytest.approx(95.0 / 395.0)
-    assert j["variants"]["bucketed-100MB"]["vs_matched"] is not None
-    assert j["variants"]["bucketed-10MB"]["vs_matched"] is None  # no PyTorch DDP at 10 MiB
+    assert j["variants"]["bucketed-100MB"]["vs_matched"]["ratio"] == pytest.approx(j["variants"]["bucketed-100MB"][
+        "mean_ms"] / j["variants"]["torch_ddp-100MB"]["mean_ms"])
+    assert j["variants"]["bucketed-10MB"]["vs_matched"] == {}  # no PyTorch DDP at 10 MiB
     lines = j["table"].strip().splitlines()
     assert len(lines) == 2 + 10 and len(lines[0].split("|")) - 2 <= 9
     assert "| naive | 395.0 ± 1.0 |" in j["table"] and "412 (0)" in j["table"] and "412 (412)" in j["table"]
@@ -364,12 +369,14 @@ def test_ddp_step_table_and_answers(gpu_section):
     assert a["overlap"]["faster_than_naive"] and a["overlap"]["faster_than_flat"]
     assert a["buckets"]["best_mb"] == 100.0 and a["buckets"]["shape"] == "valley"
     assert (out / ctx.ddp_figure).stat().st_size > 10_000
-    assert (out / "ddp_steps_2.7B_bf16.csv").is_file()
+    assert (out / "ddp_steps_2.7B_bf16_ws2.csv").is_file()
+    assert "| 2.7B, bf16, 2 ranks | 1 |" in ctx.ddp_bucket_table and "**306.0**" in ctx.ddp_bucket_table
+    assert a["buckets"]["brackets"] and a["buckets"]["largest_mb"] == 1000.0
 
 
 def test_bucket_model_fit_recovers_the_grid_constants(gpu_section):
     _, ctx, _ = gpu_section
-    model = next(j for j in ctx.ddp_jobs if j["name"] == "2.7B-bf16")["model"]
+    model = next(j for j in ctx.ddp_jobs if j["name"] == "2.7B-bf16-ws2")["model"]
     wait = model["fits"]["wait"]  # the waits were made by the model with o = 90 us, w = 180 GB/s
     assert wait["o_ms"] == pytest.approx(0.09, rel=1e-6) and wait["w_gbps"] == pytest.approx(180.0, rel=1e-6)
     assert wait["good"] and wait["dof"] == 2 and wait["agrees"]
@@ -417,14 +424,14 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     assert "No results yet" not in text and "CPU numbers" not in text
     for figure in (ctx.allreduce_figure, ctx.ddp_figure, ctx.trace_figure):
         assert f"sections/ddp/{figure})" in text
-    assert "| 2.7B | bf16 | 100 |" in text and "✗" in text and "✓" in text
+    assert "| 2.7B, bf16, 2 ranks | 1 | 100 |" in text and "✗" in text and "✓" in text
     assert "valley" not in text and "The minimum lies inside the sweep" in text
     assert r"b = \sqrt{o s w}" in text
     assert "NCCL ran with 2 ranks, one GPU each; 4 and 6 ranks" in text and "NCCL over NVLink" in text
     assert text.count("As expected, bucketing at its best") == 2 and "Why bucketing can fall short" not in text
     assert "Naive waits for the backward to end before it all-reduces: 0% of its" in text
     assert "bf16 means autocast" in text and "are xl: 2025; 2.7B: 2025 (2026 calls it xl)." in text
-    assert "a poor fit" not in text.split("2.7B, bf16 (4 bucket sizes")[1].split("####")[0]
+    assert "a poor fit" not in text.split("2.7B, bf16, 2 ranks (4 bucket sizes")[1].split("####")[0]
     assert "n/a" not in text
 
 
@@ -447,7 +454,7 @@ def test_the_section_reads_cleanly_as_a_pdf(gpu_section, tmp_path):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ddp, "save_figure", spy)
-        mp.setattr(ddp_steps, "save_figure", spy)
+        mp.setattr(ddp_sweep, "save_figure", spy)
         mp.setattr(ddp_trace, "save_figure", spy)
         ctx, _ = build(tmp_path, inputs(root))
     assert set(figures) == {"allreduce_bandwidth", "ddp_step_vs_bucket", "ddp_timeline"}
@@ -533,7 +540,7 @@ def test_the_section_builds_from_smoke_kind_results(tmp_path, cpu_timeline):
     assert "there are no NCCL results here, so it is not evaluated" in text
     assert "the fit is exact and tests nothing" in text
     assert "$w$ = unbounded with the same ranks), no interior optimum: one bucket is best" in text
-    assert "Why bucketing can fall short (tiny, fp32)" in text and "This falls short of the expectation" in text
+    assert "Why bucketing can fall short (tiny, fp32, 2 ranks)" in text and "This falls short of the expectation" in text
     assert "NCCL ran with" not in text and "bf16 means autocast" not in text
 
 
@@ -646,7 +653,7 @@ def test_host_series_jobs_show_apart_and_leave_the_grids_reading_unchanged(tmp_p
     text = render(b, tmp_path / "report")
     assert "Gradients as bucket views, and single-rank proxies" in text
     assert "single-rank proxy (1 GPU)" in text and "bucket views, 0 MiB (one per tensor)" in text
-    assert "1.091 ± 0.007" in text  # bucket views at 25 MiB over PyTorch DDP's, same job: 120 / 110
+    assert "| 1.091 (1.0" in text  # bucket views at 25 MiB over PyTorch DDP's, same job: 120 / 110
     assert "Gradients as bucket views" not in render(a, tmp_path / "plain_report")
 
 
@@ -669,14 +676,9 @@ def test_a_missed_target_quotes_the_bucket_views_2_rank_job_of_its_size_and_dtyp
     v = missed["xl", "fp32"]["views"]
     assert v["bucket_mb"] == 1000.0 and v["ratio"] == pytest.approx(0.9)
     assert v["bucketed_ratio"] == pytest.approx(1.04) and v["overlap_ratio"] == pytest.approx(1.06)
-    why = {r["part"]: r.get("why") for r in b.summary}["DDP against PyTorch's, xl fp32"]
-    assert why.endswith("in their own 2-rank job they take 0.900× PyTorch's step at 1000 MiB "
-                        "(our bucketed wrapper 1.040×)")
     text = render(b, tmp_path / "report")
     assert "bucket views at 1000 MiB, the fastest\nof them, take 0.900× PyTorch DDP's step, our bucketed" in text
     assert "Their 2-GPU run has not been made." not in text
-    plain_why = {r["part"]: r.get("why") for r in a.summary}["DDP against PyTorch's, xl fp32"]
-    assert plain_why.endswith("their 2-GPU run has not been made")
     assert "Their 2-GPU run has not been made." in render(a, tmp_path / "plain_report")
 
 

@@ -5,23 +5,20 @@ jobs of series "host" (host overhead: gradients as bucket views, single-rank pro
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from matplotlib.ticker import FixedLocator, NullLocator
 
-from cs336sys.analysis.common import SIZE_ORDER, figure, log_axis, save_figure, save_table
+from cs336sys.analysis.common import SIZE_ORDER, save_table
 from cs336sys.analysis.ddp_buckets import FIT_R2_GOOD, bucket_model
-from cs336sys.analysis.ddp_model import exposed_time
 from cs336sys.analysis.formatting import fixed, mean_std, number, percent
-from cs336sys.analysis.verdicts import at_most
+from cs336sys.analysis.rounds import clocks_differ, paired_ratio
+from cs336sys.analysis.verdicts import against_limit
 from cs336sys.sizes import SIZES, train_step_flops
-from cs336sys.units import MIB
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.ddp import DDPContext
+    from cs336sys.analysis.ddp_context import DDPContext
 
 # PyTorch's DistributedDataParallel bucket_cap_mb default (cs336sys.distributed.experiments
 # TORCH_DDP_DEFAULT_BUCKET_MB; a test checks they agree): the reference of the targets.
@@ -54,16 +51,24 @@ def variant_label(variant: str, bucket_mb: float | None) -> str:
     return variant
 
 
-def _ratio(a: dict, b: dict | None) -> tuple[float | None, float | None]:
-    """a's mean step over b's, and the ratio's standard error from both means' standard errors."""
-    if b is None or a.get("mean_ms") is None or b.get("mean_ms") is None:
-        return None, None
-    r = a["mean_ms"] / b["mean_ms"]
-    rel = [(x["std_ms"] / x["mean_ms"]) ** 2 / max(x["steps"], 1) for x in (a, b) if x["mean_ms"] > 0]
-    return r, r * math.sqrt(sum(rel))
+def _ratio(a: dict, b: dict | None) -> dict | None:
+    """a's mean step over b's (two variants of one job), with the range across rounds (`rounds.paired_ratio`)."""
+    return paired_ratio(a, b) if b is not None else None
+
+
+def _range(r: dict | None, limit: float | None = None) -> dict:
+    """A ratio's entry for the context: value, its range and how it was taken, the verdict against `limit`."""
+    if r is None:
+        return {}
+    out = {"ratio": r["ratio"], "lo": r["lo"], "hi": r["hi"], "rounds": r["rounds"], "paired": r["paired"]}
+    if limit is not None:
+        out["ok"] = against_limit(r["lo"], r["hi"], limit)
+    return out
 
 
 def _point(row: pd.Series) -> dict:
+    """A variant of a job, its rounds pooled (`rounds.pool_rounds`): mean and spread over every timed step,
+    each round's mean, the SM clocks it ran at."""
     b = number(row.get("bucket_size_mb"))
     p = {"variant": row["variant"], "bucket_mb": b, "key": variant_key(row["variant"], b),
          "label": variant_label(row["variant"], b), "status": row["status"]}
@@ -71,8 +76,12 @@ def _point(row: pd.Series) -> dict:
         return p
     steps = row.get("step_ms")
     calls, in_bwd = row.get("all_reduces_per_step"), row.get("launched_in_backward")
+    rounds = row.get("round_ms")
     p.update(mean_ms=float(row["mean_ms"]), std_ms=float(row["std_ms"]),
-             steps=len(steps) if isinstance(steps, list) else 1,
+             steps=len(steps) if isinstance(steps, list) else 1, step_ms=steps if isinstance(steps, list) else [],
+             round_ms=rounds if isinstance(rounds, list) else [float(row["mean_ms"])],
+             rounds=int(row.get("rounds") or 1),
+             round_clock_mhz=row.get("round_clock_mhz") if isinstance(row.get("round_clock_mhz"), list) else [],
              sync_wait_ms=float(row["sync_wait_ms"]) if pd.notna(row.get("sync_wait_ms")) else None,
              all_reduces=int(calls) if pd.notna(calls) else None,
              in_backward=int(in_bwd) if pd.notna(in_bwd) else None)
@@ -80,28 +89,33 @@ def _point(row: pd.Series) -> dict:
 
 
 def jobs(ctx: DDPContext, df: pd.DataFrame, out: Path, allreduce_fits: dict | None = None) -> None:
-    """Every (size, dtype) job, their figure and the targets' thresholds, into the context."""
+    """Every (size, dtype, world size) job, their figure and the targets' thresholds, into the context."""
     if df.empty:
         return
+    world = df["world_size"] if "world_size" in df else pd.Series(None, index=df.index, dtype=float)
+    if "env.world_size" in df:
+        world = world.fillna(df["env.world_size"])
+    # a job is its result folder (a failed point records no world size of its own); its ranks, its points'
+    folder = df["job"] if "job" in df else pd.Series("", index=df.index)
     df = df.assign(_size=df["size"].map(lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER)),
-                   _dtype=df["dtype"].map(lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER)))
+                   _dtype=df["dtype"].map(lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else len(DTYPE_ORDER)),
+                   _job=folder, _world=world.groupby(folder).transform("max").fillna(0).astype(int))
     result = []
-    for (_, _, size, dtype), g in df.groupby(["_size", "_dtype", "size", "dtype"], sort=True):
-        ok = g[g.status == "ok"]
-        world = int(ok["world_size"].iloc[0]) if not ok.empty and "world_size" in ok else None
+    for (_, _, world, _, size, dtype), g in df.groupby(["_size", "_dtype", "_world", "_job", "size", "dtype"],
+                                                       sort=True):
         backend = next((b for b in g.get("env.backend", pd.Series(dtype=object)).dropna()),
                        {"cuda": "nccl", "cpu": "gloo"}.get(g["device"].iloc[0]))
         fits = (allreduce_fits or {}).get(f"{backend}-{world}")
-        result.append(job(g, size, dtype, out, fits) | {"backend": backend})
-    short = [f"{j['size']}, {j['dtype']}" for j in result
-             if j["answers"].get("buckets", {}).get("as_expected") is False]
+        result.append(job(g, size, dtype, out, fits, world) | {"backend": backend})
+    short = [j["label"] for j in result if j["answers"].get("buckets", {}).get("as_expected") is False]
     for j in result:
         j["missed"] = missed_note(j, result)
     ctx.ddp_jobs = result
-    ctx.ddp_figure = _sweep_figure(result, out)  # None where no job has a bucketed point
     ctx.ddp_bucketing_short = short
     ctx.ddp_has_bf16 = any(j["dtype"] == "bf16" for j in result)
     ctx.ddp_targets = TARGETS | {"torch_default_mb": TORCH_DDP_DEFAULT_MB, "fit_r2_good": FIT_R2_GOOD}
+    ctx.ddp_rounds = sorted({j["rounds"] for j in result})
+    ctx.ddp_one_round = [j["label"] for j in result if j["rounds"] == 1]
 
 
 def missed_note(j: dict, result: list[dict]) -> dict | None:
@@ -119,12 +133,13 @@ def missed_note(j: dict, result: list[dict]) -> dict | None:
               and o["none_tflops"] > j["none_tflops"]]
     if others:
         o = max(others, key=lambda o: o["none_tflops"])
-        note.update(other=f"{o['size']}, {o['dtype']}", other_tflops=o["none_tflops"],
+        note.update(other=o["label"], other_tflops=o["none_tflops"],
                     flops_ratio=j["rank_flops"] / o["rank_flops"], time_ratio=j["none_ms"] / o["none_ms"])
     return note
 
 
-def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict | None = None) -> dict:
+def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict | None = None,
+        world: int | None = None) -> dict:
     """One (size, dtype) job's entry of `ddp_jobs`: its variants, table, targets, answers and bucket model."""
     points = [_point(r) for _, r in g.iterrows()]
     points.sort(key=lambda p: (VARIANT_ORDER.index(p["variant"]) if p["variant"] in VARIANT_ORDER else 99,
@@ -135,19 +150,19 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
     for p in points:
         if p["status"] != "ok":
             continue
-        p["vs_default"], p["vs_default_se"] = _ratio(p, default) if p["variant"] != "torch_ddp" else (None, None)
+        p["vs_default"] = _range(_ratio(p, default)) if p["variant"] != "torch_ddp" else {}
         matched = by.get(variant_key("torch_ddp", p["bucket_mb"])) if p["variant"] == "bucketed" else None
-        p["vs_matched"], p["vs_matched_se"] = _ratio(p, matched)
+        p["vs_matched"] = _range(_ratio(p, matched))
         if none is not None and p["variant"] != "none":
             p["comm_ms"] = p["mean_ms"] - none["mean_ms"]
             p["comm_share"] = p["comm_ms"] / p["mean_ms"]
     ok = g[g.status == "ok"]
     first = ok.iloc[0] if not ok.empty else None
     edition = SIZES[size].edition if size in SIZES else None  # which handout names the size, and how
-    j = {"size": size, "dtype": dtype, "name": f"{size}-{dtype}", "edition": edition,
-         "variants": {p["key"]: p for p in points},
-         "order": [p["key"] for p in points],
-         "world_size": int(first["world_size"]) if first is not None else None,
+    world = world or (int(first["world_size"]) if first is not None else None)
+    j = {"size": size, "dtype": dtype, "name": f"{size}-{dtype}-ws{world}", "label": f"{size}, {dtype}, {world} ranks",
+         "edition": edition, "variants": {p["key"]: p for p in points}, "order": [p["key"] for p in points],
+         "world_size": world, "rounds": max((p.get("rounds", 1) for p in by.values()), default=1),
          "grad_bytes": int(first["grad_bytes"]) if first is not None else None,
          "parameters": int(first["parameters"]) if first is not None else None,
          "context_length": int(g["context_length"].iloc[0]), "batch_size": int(g["batch_size"].iloc[0]),
@@ -158,7 +173,7 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
         j["rank_flops"] = train_step_flops(size, j["batch_size"], j["context_length"])
         j["none_ms"] = none["mean_ms"]
         j["none_tflops"] = j["rank_flops"] / (none["mean_ms"] / 1e3) / 1e12
-    j["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}", digits=2)
+    j["table"] = save_table(_table(points), out, f"ddp_steps_{size}_{dtype}_ws{world}", digits=2)
     j["targets"] = targets(by)
     j["answers"] = answers(by)
     j["answers_complete"] = all(k in j["answers"] for k in ("naive", "flat", "overlap"))
@@ -169,9 +184,25 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
     if j["grad_bytes"]:
         model = bucket_model(by, j["grad_bytes"], allreduce_fit)
         if model:
-            model["table"] = save_table(model.pop("frame"), out, f"ddp_bucket_model_{size}_{dtype}", digits=2)
+            model["table"] = save_table(model.pop("frame"), out, f"ddp_bucket_model_{size}_{dtype}_ws{world}", digits=2)
             j["model"] = model
     return j
+
+
+def ratio_cell(r: dict | None, digits: int = 3) -> str:
+    """A ratio with its range across rounds (or ∓ two standard errors for one round): "0.981 (0.95–1.01)"."""
+    if not r:
+        return ""
+    return f"{r['ratio']:.{digits}f} ({r['lo']:.{digits}f}–{r['hi']:.{digits}f})"
+
+
+def clock_cell(p: dict) -> str:
+    """The SM clocks a variant's rounds ran at (each round's median over its ranks' samples), MHz."""
+    clocks = [c for c in p.get("round_clock_mhz") or [] if c is not None]
+    if not clocks:
+        return ""
+    lo, hi = min(clocks), max(clocks)
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
 
 
 def _table(points: list[dict]) -> pd.DataFrame:
@@ -183,21 +214,26 @@ def _table(points: list[dict]) -> pd.DataFrame:
         calls = "" if p.get("all_reduces") is None else (
             f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
         rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
-                     "× DDP default": fixed(p.get("vs_default"), 3), "× DDP same size": fixed(p.get("vs_matched"), 3),
+                     "round means (ms)": ", ".join(f"{m:.1f}" for m in p["round_ms"]) if p["rounds"] > 1 else "",
+                     "× DDP default": ratio_cell(p.get("vs_default")),
+                     "× DDP same size": ratio_cell(p.get("vs_matched")),
                      "comm. (ms)": fixed(p.get("comm_ms"), 1), "comm. share": percent(p.get("comm_share")),
-                     "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls})
+                     "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls,
+                     "SM clock (MHz)": clock_cell(p)})
     return pd.DataFrame(rows)
 
 
 def targets(by: dict) -> dict:
     """Bucketed at its best bucket size against PyTorch's DDP (default 25 MiB; and at the same
-    bucket size where measured), overlap against the default; naive and flat shown against it."""
+    bucket size where measured), overlap against the default; naive and flat shown against it. Each ratio
+    with its range across the job's rounds and a verdict on that range (`verdicts.against_limit`)."""
     default = by.get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB))
     torch_points = [p for p in by.values() if p["variant"] == "torch_ddp"]
     best_torch = min(torch_points, key=lambda p: p["mean_ms"]) if torch_points else None
-    t: dict = {"has_default": default is not None}
+    t: dict = {"has_default": default is not None, "clocks_differ": False}
     if default is not None:
         t["default_ms"] = default["mean_ms"]
+        t["clocks_differ"] = any(clocks_differ(p, default) for p in by.values() if p is not default)
     if best_torch is not None:
         t["best_torch"] = {"bucket_mb": best_torch["bucket_mb"] or TORCH_DDP_DEFAULT_MB,
                            "mean_ms": best_torch["mean_ms"]}
@@ -206,21 +242,17 @@ def targets(by: dict) -> dict:
         best = min(bucketed, key=lambda p: p["mean_ms"])
         t["bucketed"] = {"bucket_mb": best["bucket_mb"], "mean_ms": best["mean_ms"], "key": best["key"]}
         if default is not None:
-            r, se = _ratio(best, default)
-            t["bucketed"].update(ratio=r, se=se, ok=at_most(r, TARGETS["bucketed_vs_torch"]))
-        if best.get("vs_matched") is not None:
-            t["bucketed"].update(matched_ratio=best["vs_matched"], matched_se=best["vs_matched_se"],
-                                 matched_ok=at_most(best["vs_matched"], TARGETS["bucketed_vs_torch"]))
+            t["bucketed"].update(_range(_ratio(best, default), TARGETS["bucketed_vs_torch"]))
+        if best.get("vs_matched"):
+            m = _range(_ratio(best, by.get(variant_key("torch_ddp", best["bucket_mb"]))), TARGETS["bucketed_vs_torch"])
+            t["bucketed"].update(matched_ratio=m["ratio"], matched_lo=m["lo"], matched_hi=m["hi"], matched_ok=m["ok"])
         if best_torch is not None:
             t["bucketed"]["vs_best_torch"] = best["mean_ms"] / best_torch["mean_ms"]
     for name, limit in (("overlap", TARGETS["overlap_vs_torch"]), ("naive", None), ("flat", None)):
         p = by.get(name)
         if p is None or default is None:
             continue
-        r, se = _ratio(p, default)
-        t[name] = {"ratio": r, "se": se, "mean_ms": p["mean_ms"]}
-        if limit is not None:
-            t[name]["ok"] = at_most(r, limit)
+        t[name] = _range(_ratio(p, default), limit) | {"mean_ms": p["mean_ms"]}
     return t
 
 
@@ -270,7 +302,14 @@ def answers(by: dict) -> dict:
         a["buckets"] = {"points": [{"bucket_mb": p["bucket_mb"], "mean_ms": p["mean_ms"],
                                     "wait_ms": p.get("sync_wait_ms"), "calls": p.get("all_reduces")} for p in bucketed],
                         "best_mb": bucketed[best]["bucket_mb"], "best_ms": means[best], "shape": shape,
-                        "spread": max(means) / min(means)}
+                        "spread": max(means) / min(means),
+                        # the sweep brackets its optimum when a size on each side of the fastest was slower
+                        "brackets": 0 < best < len(means) - 1, "largest_mb": bucketed[-1]["bucket_mb"]}
+        runner_up = sorted(bucketed, key=lambda p: p["mean_ms"])[1] if len(bucketed) > 1 else None
+        if runner_up is not None:  # is the fastest told apart from the next fastest, round by round?
+            r = _range(_ratio(runner_up, bucketed[best]))
+            a["buckets"]["runner_up"] = {"bucket_mb": runner_up["bucket_mb"], **r,
+                                         "distinct": bool(r and r["lo"] > 1)}
         if naive:
             a["buckets"]["best_over_naive"] = means[best] / naive["mean_ms"]
         if overlap:
@@ -282,115 +321,3 @@ def answers(by: dict) -> dict:
         if rivals:
             a["buckets"]["as_expected"] = bool(means[best] <= min(rivals))
     return a
-
-
-def is_host(df: pd.DataFrame) -> pd.Series:
-    """Which rows belong to the series "host" (their own jobs; kept out of `jobs`)."""
-    if "series" not in df.columns:
-        return pd.Series(False, index=df.index)
-    return df["series"] == HOST_SERIES
-
-
-def host_jobs(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
-    """Each "host" job (size, dtype, and 2 ranks or a single-rank proxy): every variant's step against
-    PyTorch DDP's at its default bucket size and against `none`, all of the same job."""
-    if df.empty:
-        return
-    proxy = df["single_rank_proxy"].fillna(False).astype(bool) if "single_rank_proxy" in df else False
-    df = df.assign(_proxy=proxy)
-    result = []
-    for (size, dtype, is_proxy), g in df.groupby(["size", "dtype", "_proxy"], sort=True):
-        points = [_point(r) for _, r in g.iterrows()]
-        points.sort(key=lambda p: (VARIANT_ORDER.index(p["variant"]) if p["variant"] in VARIANT_ORDER else 99,
-                                   p["bucket_mb"] or 0.0))
-        by = {p["key"]: p for p in points if p["status"] == "ok"}
-        default, none = by.get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB)), by.get("none")
-        rows = []
-        for p in points:
-            if p["status"] != "ok":
-                rows.append({"variant": p["label"], "step (ms)": p["status"]})
-                continue
-            r, se = _ratio(p, default) if p["variant"] != "torch_ddp" else (None, None)
-            calls = "" if p.get("all_reduces") is None else (
-                f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
-            rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
-                         "× DDP default": "" if r is None else mean_std(r, se, 3),
-                         "− none (ms)": "" if none is None or p is none else f"{p['mean_ms'] - none['mean_ms']:.1f}",
-                         "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls})
-        ok = g[g.status == "ok"]
-        world = int(ok["world_size"].iloc[0]) if not ok.empty else (1 if is_proxy else None)
-        name = f"ddp_host_{size}_{dtype}_" + ("proxy1" if is_proxy else f"ws{world}")
-        result.append({"size": size, "dtype": dtype, "proxy": bool(is_proxy), "world_size": world,
-                       "table": save_table(pd.DataFrame(rows), out, name, digits=2)}
-                      | ({"views": views} if (views := fastest_views(by, default)) else {}))
-    ctx.ddp_host_jobs = result
-
-
-def fastest_views(by: dict[str, dict], default: dict | None) -> dict | None:
-    """The fastest bucket-view point of a host job over PyTorch DDP's default in the same job, with our
-    bucketed wrapper at the same bucket size and overlap beside it where they ran."""
-    views = [p for p in by.values() if p["variant"] == "bucket_view"]
-    if default is None or not views:
-        return None
-    best = min(views, key=lambda p: p["mean_ms"])
-    out = {"bucket_mb": best["bucket_mb"], "ratio": best["mean_ms"] / default["mean_ms"]}
-    bucketed = by.get(variant_key("bucketed", best["bucket_mb"]))
-    if bucketed is not None:
-        out["bucketed_ratio"] = bucketed["mean_ms"] / default["mean_ms"]
-    if "overlap" in by:
-        out["overlap_ratio"] = by["overlap"]["mean_ms"] / default["mean_ms"]
-    return out
-
-
-def _sweep_figure(result: list[dict], out: Path) -> str | None:
-    panels = [j for j in result
-              if any(p["variant"] == "bucketed" and p["status"] == "ok" for p in j["variants"].values())]
-    if not panels:
-        return None
-    ncols = min(2, len(panels))
-    nrows = -(-len(panels) // ncols)
-    fig, axes = figure(0.7 + 2.5 * nrows, nrows, ncols, squeeze=False)
-    for ax, j in zip(axes.flat, panels, strict=False):
-        ok = [p for p in j["variants"].values() if p["status"] == "ok"]
-        bucketed = sorted((p for p in ok if p["variant"] == "bucketed"), key=lambda p: p["bucket_mb"])
-        xs = [p["bucket_mb"] for p in bucketed]
-        ax.errorbar(xs, [p["mean_ms"] for p in bucketed], yerr=[p["std_ms"] for p in bucketed], marker="o",
-                    color="C0", capsize=2, label="bucketed (ours)", zorder=4)
-        torch_pts = sorted((p for p in ok if p["variant"] == "torch_ddp"), key=lambda p: p["bucket_mb"] or 0)
-        if torch_pts:
-            ax.plot([p["bucket_mb"] or TORCH_DDP_DEFAULT_MB for p in torch_pts], [p["mean_ms"] for p in torch_pts],
-                    marker="s", ls="none", color=LINE_STYLE["torch_ddp"][0], label="PyTorch DDP at its bucket size",
-                    zorder=5)
-        for p in ok:
-            if p["variant"] in ("none", "naive", "flat", "overlap") or p["key"] == variant_key("torch_ddp", None):
-                color, ls = LINE_STYLE[p["variant"]]
-                label = "PyTorch DDP, default" if p["variant"] == "torch_ddp" else p["label"]
-                ax.axhline(p["mean_ms"], color=color, ls=ls, lw=1.1, label=label)
-        model, none = j.get("model"), j["variants"].get("none")
-        if model and none and none["status"] == "ok":
-            f = model["fits"]["step"]
-            grid = [xs[0] * (xs[-1] / xs[0]) ** (i / 60) for i in range(61)]
-            w = 1 / f["inv_w"] if f["inv_w"] > 0 else math.inf
-            ax.plot(grid, [none["mean_ms"] + 1e3 * exposed_time(j["grad_bytes"], b * MIB, f["o_s"], w, model["n_max"])
-                           for b in grid], color="C0", ls=":", lw=1.0, label=r"model fit: none + $n\,o + s/(n\,w)$")
-            ax.plot(xs, [none["mean_ms"] + v for v in f["predicted_ms"]], ls="none", marker="x", color="C0",
-                    label=r"model at the measured $n$", zorder=5)
-        log_axis(ax, "x")
-        # ticks at the measured bucket sizes only (1-2-5 ticks crowd at a half-width panel's right end)
-        ticks = sorted(set(xs) | {p["bucket_mb"] or TORCH_DDP_DEFAULT_MB for p in torch_pts})
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("bucket size (MiB)")
-        ax.set_ylabel("step (ms)")
-        ax.set_title(f"{j['size']}, {j['dtype']}, {j['world_size']} ranks")
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    handles: dict = {}
-    for ax in axes.flat[:len(panels)]:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lab, h)
-    first = ["bucketed (ours)", "model fit", "model at", "PyTorch DDP at", "PyTorch DDP, default", "overlap", "flat",
-             "naive", "none"]
-    labels = sorted(handles, key=lambda lab: next((i for i, f in enumerate(first) if lab.startswith(f)), len(first)))
-    fig.legend([handles[lab] for lab in labels], labels, loc="outside lower center", ncol=3, frameon=False)
-    return save_figure(fig, out, "ddp_step_vs_bucket")

@@ -16,7 +16,7 @@ from cs336sys.analysis.common import figure, save_figure, save_table
 from cs336sys.analysis.formatting import number
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.ddp import DDPContext
+    from cs336sys.analysis.ddp_context import DDPContext
 
 TRACE_ORDER = ["naive", "flat", "overlap", "bucketed"]
 
@@ -85,6 +85,8 @@ def trace_against_benchmark(ctx: DDPContext, frame: pd.DataFrame, out: Path) -> 
     largest = nccl.sort_values("size_bytes").iloc[-1] if not nccl.empty else None
     busbw = float(largest["busbw_gbps"]) if largest is not None else None
     ranks = int(largest["world_size"]) if largest is not None else None
+    if ranks is not None and "world_size" in steps:  # the benchmark's job on as many ranks as the trace's
+        steps = steps[steps["world_size"] == ranks]
     table, facts = [], []
     for r in rows:
         same = steps[steps["variant"] == r["variant"]]

@@ -60,3 +60,30 @@ def waits(waited: int, events: int) -> WaitVerdict:
     if waited == 0:
         return "none"
     return "at_most_half" if 2 * waited <= events else "more_than_half"
+
+
+Verdict = bool | Literal["noise"]
+
+
+def against_limit(lo: float | None, hi: float | None, limit: float) -> Verdict | None:
+    """A target "at most `limit`" judged on a range of a measurement (a ratio's range across interleaved
+    rounds): met (True) when all of it is within the limit, missed (False) when none of it is, and "noise"
+    when the range straddles the limit, so the measurement cannot tell; None when not measured."""
+    if lo is None or hi is None:
+        return None
+    if hi <= limit:
+        return True
+    if lo > limit:
+        return False
+    return "noise"
+
+
+def all_of(verdicts: list[Verdict | None]) -> Verdict | None:
+    """One verdict for several measurements of one target: missed if any missed, met if all met, else
+    within noise; None when none was measured."""
+    measured = [v for v in verdicts if v is not None]
+    if not measured:
+        return None
+    if any(v is False for v in measured):
+        return False
+    return True if all(v is True for v in measured) else "noise"

@@ -3,6 +3,7 @@ section's unit, table cells, the accounting's predictions at a size and world, a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -13,19 +14,33 @@ from cs336sys.analysis.common import save_table, size_key
 from cs336sys.analysis.formatting import fixed, number
 
 # Targets of the project's sharding issue (ratios of times measured in the same job).
-TARGETS = {"sharded_vs_zero": 1.05, "fsdp_vs_fsdp2_bf16": 1.10, "model_state_tolerance": 0.05}
+TARGETS = {"sharded_vs_zero": 1.05, "fsdp_vs_fsdp2_bf16": 1.05, "model_state_tolerance": 0.05}
 VARIANTS = ("unsharded", "sharded", "zero")
 VARIANT_LABEL = {"unsharded": "unsharded", "sharded": "ours (sharded)", "zero": "torch ZeRO"}  # short, for tables
 STRATEGY = {"unsharded": "ddp", "sharded": "zero1", "zero": "zero1"}  # cs336sys.accounting.memory strategies
-FSDP_LABEL = {"ours": "ours", "fsdp2": "FSDP2"}  # ours with other units: "ours-block", "ours-2", ...
+FSDP_LABEL = {"ours": "ours, per layer", "fsdp2": "FSDP2"}  # ours with other units: "ours-block", "ours-2", ...
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 POINTS = ("after init", "before step", "after step")  # the handout's three readings
 
 
 def by_size(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The frame's rows grouped by model size, smallest size first."""
+    """The frame's rows grouped by model size and then rank count (one job each), smallest first."""
     sizes = sorted(df["size"].unique(), key=lambda s: size_key(pd.Series([s])).iloc[0])
-    return [(s, df[df["size"] == s]) for s in sizes]
+    worlds = _worlds(df)
+    return [(s, df[(df["size"] == s) & (worlds == w)]) for s in sizes for w in sorted(worlds[df["size"] == s].unique())]
+
+
+def _worlds(df: pd.DataFrame) -> pd.Series:
+    """Each row's rank count: the metric, else the environment's, else 2."""
+    world = df["world_size"] if "world_size" in df else pd.Series(None, index=df.index, dtype=float)
+    if "env.world_size" in df:
+        world = world.fillna(df["env.world_size"])
+    return world.fillna(2).astype(int)
+
+
+def slug(size: str, world: int) -> str:
+    """A job's part of a table's file name: the size's characters that are a name's, and its rank count."""
+    return re.sub(r"\W", "_", size) + f"_ws{world}"
 
 
 def unit_of_bytes(frame: pd.DataFrame) -> dict:
@@ -73,11 +88,16 @@ def world_size(g: pd.DataFrame) -> int:
     return 2
 
 
-def target(name: str, size: str, what: str, value: float | None, limit: float, ok: bool | None,
-           note: str = "") -> dict:
-    """One target's record for the section's table of targets."""
-    return {"target": name, "size": size, "what": what, "value": value, "limit": limit, "ok": ok,
-            "status": "not measured" if ok is None else ("met" if ok else "missed"), "note": note}
+STATUS = {None: "not measured", True: "met", False: "missed", "noise": "within noise"}
+
+
+def target(name: str, size: str, what: str, value: float | None, limit: float, ok: bool | str | None,
+           note: str = "", world: int | None = None, spread: dict | None = None) -> dict:
+    """One target's record for the section's table of targets: `ok` is met (True), missed (False), within
+    noise ("noise": the ratio's range across rounds holds the limit) or not measured (None); `spread` the
+    ratio's range ({"lo", "hi", "rounds", "paired"}) where it is a ratio of two variants' times."""
+    return {"target": name, "size": size, "world": world, "what": what, "value": value, "limit": limit, "ok": ok,
+            "status": STATUS[ok], "note": note, **({"spread": spread} if spread else {})}
 
 
 def steady_state_peak(peak: dict, state: float | None) -> float | None:
@@ -89,3 +109,9 @@ def steady_state_peak(peak: dict, state: float | None) -> float | None:
         candidates.append(peak["before step"] + state)
     candidates = [c for c in candidates if c is not None]
     return max(candidates) if candidates else None
+
+
+def timing_of(r: pd.Series) -> dict:
+    """What a ratio across interleaved rounds needs of a pooled point (`analysis.rounds`)."""
+    lists = {k: r.get(k) if isinstance(r.get(k), list) else [] for k in ("step_ms", "round_ms", "round_clock_mhz")}
+    return lists | {"rounds": int(number(r.get("rounds")) or 1)}
