@@ -13,7 +13,7 @@ from cs336sys.analysis.common import CLOCK, POWER, clocks, save_table
 from cs336sys.analysis.formatting import fmt
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.attention import AttentionContext
+    from cs336sys.analysis.attention_context import AttentionContext
 
 LB_IMPLS = {"ours": "ours (Triton)", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA FlashAttention-2",
             "sdpa_efficient": "SDPA memory-efficient", "naive": "naive PyTorch"}

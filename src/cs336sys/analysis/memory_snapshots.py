@@ -16,7 +16,7 @@ from cs336sys.profiling.timeline import SHADES
 from cs336sys.units import GIB, MIB
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.memory import MemoryContext
+    from cs336sys.analysis.memory_context import MemoryContext
 
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
