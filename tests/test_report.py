@@ -109,3 +109,21 @@ def test_the_main_report_rendered_from_the_committed_sections_is_clean(tmp_path)
     text = render_markdown(dirs, TEMPLATES, tmp_path / "writeup" / "report.md")
     assert lint.problems(text) == []
     assert "| not answered |" not in text
+
+
+def test_the_report_build_fails_on_a_lint_problem_and_names_it(tmp_path, capsys):
+    """`python -m cs336sys.report md` (the rule report_markdown) runs the lint on what it rendered: a
+    heading glued to a paragraph (a template's block tag that ate a line break) fails the build."""
+    from cs336sys.report import main
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    good = "# Title\n\nSome text.\n{% if true %}(A note.){% endif %}\n\n## Part {: #part}\n\nMore.\n"
+    bad = good.replace("{% endif %}\n\n## Part", "{% endif %}\n## Part")  # the tag eats the newline
+    dirs = sections(tmp_path)
+    for template, code in ((good, 0), (bad, 1)):
+        (templates / "report.md.j2").write_text(template)
+        assert main(["md", "--sections", *map(str, dirs), "--templates", str(templates),
+                     "--out", str(tmp_path / "report.md")]) == code
+    err = capsys.readouterr().err
+    assert "a heading glued to the text before it" in err and "an attribute list left in the text" in err

@@ -1,6 +1,7 @@
 """Render the report: section contexts -> Jinja templates -> report.md -> (pandoc, typst) -> report.pdf.
 
     python -m cs336sys.report md --sections results/sections/* --templates writeup/templates --out writeup/report.md
+        (fails, listing them, on any problem `cs336sys.writeup.lint` finds in what it rendered)
     python -m cs336sys.report pdf writeup/report.md --out writeup/report.pdf
     python -m cs336sys.report pages writeup/report.md --out /tmp/pages   # each page as a PNG, to look at
 
@@ -26,7 +27,7 @@ import jinja2
 from cs336sys.analysis.formatting import no_minus_zero
 from cs336sys.io import write_atomic
 from cs336sys.registry import SECTIONS
-from cs336sys.writeup import markup
+from cs336sys.writeup import lint, markup
 from cs336sys.writeup.layout import MARGIN_X_CM, TEXT_WIDTH_CM  # noqa: F401  (the tests read them here)
 from cs336sys.writeup.typst import render_pages, render_pdf
 
@@ -156,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     pages.add_argument("--ppi", type=int, default=60)
     a = p.parse_args(argv)
     if a.command == "md":
-        render_markdown(a.sections, a.templates, a.out, a.grid, pins=json.loads(a.pins))
+        text = render_markdown(a.sections, a.templates, a.out, a.grid, pins=json.loads(a.pins))
+        found = lint.problems(text)
+        if found:  # the build fails on what a reader would see as a fault (docs/report.md)
+            print(f"{a.out}: {len(found)} problems (cs336sys.writeup.lint):", *found, sep="\n", file=sys.stderr)
+            return 1
     elif a.command == "pdf":
         render_pdf(a.markdown, a.out)
     else:
