@@ -118,6 +118,7 @@ def test_the_report_build_fails_on_a_lint_problem_and_names_it(tmp_path, capsys)
 
     templates = tmp_path / "templates"
     templates.mkdir()
+    (templates / "earlier_code.md.j2").write_text("# Results made with earlier code\n")
     good = "# Title\n\nSome text.\n{% if true %}(A note.){% endif %}\n\n## Part {: #part}\n\nMore.\n"
     bad = good.replace("{% endif %}\n\n## Part", "{% endif %}\n## Part")  # the tag eats the newline
     dirs = sections(tmp_path)
