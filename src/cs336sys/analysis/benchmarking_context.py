@@ -27,7 +27,10 @@ class BenchmarkingContext(SectionContext):
     timing_context_main: int | None = None
     """(b) The longest context: its timing table is printed in the section, the others in the appendix."""
     backward_ratio: list[float] | None = None
-    """(b) The backward's time over the forward's at the main context, [lowest, highest] over the sizes."""
+    """(b) The timing table's backward over its forward (means) at the main context, [lowest, highest] over
+    the sizes: one definition, the table's."""
+    backward_ratio_sizes: list[str] | None = None
+    """(b) The sizes of those two ratios, [lowest's, highest's]."""
     # benchmarking_mixed_precision (c): bf16 autocast against fp32
     tables_bf16: str | None = None
     """(4c) fp32 and bf16-autocast mean times and the speed-up of every eager point (Markdown)."""
@@ -74,6 +77,8 @@ class BenchmarkingContext(SectionContext):
     """(MFU) The context of the compact MFU table: the longest train step's."""
     best_mfu: dict | None = None
     """(MFU) The train step with the highest MFU: {"pct", "size", "dtype", "compile", "context_length"}."""
+    best_mfu_by_dtype: dict[str, dict] | None = None
+    """(MFU) Dtype -> its train step with the highest MFU, as `best_mfu`."""
     cv: dict | None = None
     """(b) The coefficient of variation (%) of the timed steps: {"median_pct", "max_pct", "max_what"}."""
     oom_points: list[str] = field(default_factory=list)
