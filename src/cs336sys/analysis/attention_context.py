@@ -22,6 +22,10 @@ class AttentionContext(SectionContext):
     """(7) Memory accounting of the smallest point out of memory (or the largest that ran): GiB by part."""
     pt_oom: list[str] | None = None
     """(7) The points that ran out of memory, as "impl d=.. seq=..."."""
+    pt_compact: str | None = None
+    """(7) The main text's table: forward / backward (ms) per sequence length and d, the widest d's memory."""
+    pt_compile_compact: str | None = None
+    """(8a) The main text's table: compiled over eager, forward / backward, per sequence length and d."""
     pt_compile_table: str | None = None
     """(8a) Eager against compiled naive attention, with the forward and backward speed-ups."""
     pt_compile_forward_range: list[float] | None = None
@@ -65,7 +69,13 @@ class AttentionContext(SectionContext):
     lb_kernels: str | None = None
     """Each GPU kernel of ours and of cuDNN at the leaderboard shapes, with its share of the call's time."""
     lb_gluon: dict | None = None
-    """The Gluon kernels against cuDNN in the same job: the table, per (GPU, edition) ratios, the GPUs."""
+    """The Gluon kernels against cuDNN in the same job: the table, per (GPU, edition) ratios, clocks (and
+    whether they differ from cuDNN's) and forward+backward times, the GPUs."""
+    lb_clock_tolerance: float | None = None
+    """How far apart (relative) two SM clocks may be and count as one (`attention_leaderboard.CLOCK_TOLERANCE`)."""
+    lb_public: dict | None = None
+    """Our kernels' forward+backward at the 2025 shape on the H100 against the best verified entry of the
+    course's published leaderboard (`attention_leaderboard.public_entry`), with its source."""
     # --- the section as a whole ---
     flash_grid_wall_s: dict | None = None
     """(11) Wall seconds of the grid's jobs: total, ours, and the number of jobs."""
