@@ -61,8 +61,8 @@ def build(paths: list[Path], out: Path, **_: object) -> MemoryContext:
     snapshots = _load(paths, "memory_snapshot")
     saved = _load(paths, "saved_tensors")
     sweep = _load(paths, "checkpointing")
-    if snapshots:
-        from_snapshots(ctx, out, snapshots)
+    if snapshots:  # (d) at the context of (f)'s saved-tensor point, one the snapshot grid also runs
+        from_snapshots(ctx, out, snapshots, saved[0]["settings"]["context_length"] if saved else None)
     if saved:
         _saved(ctx, out, saved)
     if snapshots and saved:

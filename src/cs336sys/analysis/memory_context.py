@@ -24,7 +24,8 @@ class MemoryContext(SectionContext):
     train_peak_phases: dict[str, list[str]] | None = None
     """(5a) Phase of the train step -> the points (context, dtype) that peaked in it."""
     residual: dict | None = None
-    """(5d) The residual stream's size from the config, and the allocations of that size seen."""
+    """(5d) The residual stream's size from the config, and the allocations of that size seen, at the context of
+    the saved-tensor point (`at`: "saved_tensors") or else the longest ("longest"); the longest's size beside."""
     largest: dict | None = None
     """(5e) The largest allocation of the forward at the longest context that ran: size, site, code."""
     saved: dict | None = None
