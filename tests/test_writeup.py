@@ -151,6 +151,7 @@ INDEXED = "## 7.7 The saving\n\nText.\n\n<!-- index -->\n{}\n<!-- /index -->\n"
      "a paragraph glued to the one before it"),
     ("a ceiling 14.5× lower than bf16's.[Section 9](#9-x) divides by", "a paragraph glued to the one before it"),
     ("our Triton kernels 5.30 ms (0.99×)(the course's Spring 2025 leaderboard", "a paragraph glued to the one before"),
+    ("stop at context 1024 (2 points ran out of memory, listed above)and no longer", "a paragraph glued"),
     ("- **ddp_step**: the gloo DDP tests pass unchanged).- **flash_benchmarking**: made at commits",
      "a list item glued to the text before it"),
     ("the changes, in order: a refactor).2. an option, off by default", "a list item glued to the text before it"),

@@ -46,8 +46,9 @@ _FLOAT_COUNT = re.compile(r"^\d[\d,]*\.\d+$")
 _GLUED_HEADING = re.compile(r"(?<![&\w#\\])#{1,6}\s+\S")  # searched after a line's first character
 _ATTRIBUTES = re.compile(r"\{:\s*[^}]*\}")  # kramdown's {: #key}, which markup takes off headings only
 _GLUED_ITEM = re.compile(r"(?<=[.):;!?])(?:-|\d{1,2}\.)\s+\S")  # "unchanged).- x", "said).2. y"
-# "figures.)**2.7B", "bf16's.[Section 9]", "(0.99×)(the course's"
-_GLUED_PARAGRAPH = re.compile(r"\.\)(?=[^\s,;:.)\]|'\"\u2019])|(?<=[\w'\u2019)])\.\[|\)\((?=[A-Za-z])")
+# "figures.)**2.7B", "bf16's.[Section 9]", "(0.99×)(the course's", "(listed above)and no longer"
+_GLUED_PARAGRAPH = re.compile(r"\.\)(?=[^\s,;:.)\]|'\"\u2019])|(?<=[\w'\u2019)])\.\["
+                              r"|\)\((?=[A-Za-z])|(?<=[\w.])\)(?=[A-Za-z]{2})")
 # A number with more digits than anything here is measured to: raw floats such as a sympy relation
 # "B >= 25301.7106024295". Tables' columns are exempt (a CSV-like column may keep its digits).
 MAX_SIGNIFICANT = 4
