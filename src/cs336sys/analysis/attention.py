@@ -34,6 +34,9 @@ from cs336sys.analysis.common import (
 from cs336sys.analysis.formatting import fixed
 from cs336sys.analysis.verdicts import at_most
 
+# SDPA's backends as the report names them (torch.nn.attention.SDPBackend's names are the keys)
+SDPA_BACKEND = {"flash": "FlashAttention-2", "efficient": "memory-efficient", "cudnn": "cuDNN", "math": "math"}
+
 
 def build(paths: list[Path], out: Path, reference_ms: dict | None = None, reference_source: str | None = None,
           **_: object) -> AttentionContext:
@@ -234,6 +237,8 @@ def _flash(ctx: AttentionContext, df: pd.DataFrame, out: Path) -> None:
     if column in ok:
         chosen = ok[(ok.impl == "sdpa") & ok[column].notna()]
         ctx.sdpa_backends = {dtype: ", ".join(sorted(set(g[column]))) for dtype, g in chosen.groupby("dtype")}
+        ctx.sdpa_backend_names = {dtype: ", ".join(SDPA_BACKEND.get(b, b) for b in sorted(set(g[column])))
+                                  for dtype, g in chosen.groupby("dtype")}
     ctx.flash_compact = compact(wide, out)
     ctx.flash_targets = targets(wide)
     ctx.flash_target_values = TARGETS | {"naive_seq": NAIVE_TARGET_SEQ}

@@ -41,6 +41,8 @@ class AttentionContext(SectionContext):
     """(11) dtype -> ours against SDPA as CUDA-graph replays, beside the eager ratio."""
     sdpa_backends: dict[str, str] | None = None
     """(11) dtype -> the backend(s) SDPA chose."""
+    sdpa_backend_names: dict[str, str] | None = None
+    """(11) dtype -> those backends as the report names them ("FlashAttention-2", "memory-efficient")."""
     flash_compact: str | None = None
     """(11) The main text's table: bf16 at the two longest sequences, ours against SDPA and naive."""
     flash_targets: list[dict] | None = None
