@@ -90,8 +90,8 @@ def _summary(ctx: AttentionContext) -> list[dict]:
     gl = [(ed, ed["ratios"].get("gluon_bwd") or ed["ratios"]["gluon"], "gluon_bwd" if "gluon_bwd" in ed["ratios"]
            else "gluon") for ed in gluon_eds]
     rows = []
-    for name, runs, ref in (("Triton FlashAttention-2", triton, "att-lb"),
-                            ("Gluon FlashAttention (Hopper)", gl, "att-lb-gluon")):
+    for name, runs, ref in (("Triton FlashAttention-2", triton, "att-lb-h"),
+                            ("Gluon FlashAttention (Hopper)", gl, "att-lb-h")):
         if not runs:
             continue
         met = all(at_most(r[p], 1.0) for _, r, _ in runs for p in ("fwd", "bwd"))
