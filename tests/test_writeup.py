@@ -152,6 +152,7 @@ INDEXED = "## 7.7 The saving\n\nText.\n\n<!-- index -->\n{}\n<!-- /index -->\n"
     ("a ceiling 14.5× lower than bf16's.[Section 9](#9-x) divides by", "a paragraph glued to the one before it"),
     ("our Triton kernels 5.30 ms (0.99×)(the course's Spring 2025 leaderboard", "a paragraph glued to the one before"),
     ("stop at context 1024 (2 points ran out of memory, listed above)and no longer", "a paragraph glued"),
+    ("[Figure 12](#fig-x) shows every sequence length.At short sequences one head", "a sentence glued"),
     ("- **ddp_step**: the gloo DDP tests pass unchanged).- **flash_benchmarking**: made at commits",
      "a list item glued to the text before it"),
     ("the changes, in order: a refactor).2. an option, off by default", "a list item glued to the text before it"),
@@ -178,6 +179,7 @@ def test_each_artefact_is_found(text, finding):
     "Python 3.11.7, driver 580.159.04, 3,406,809,600 parameters, 1,234 GiB, 0.001234 s and 12.34 % at the end 12.34.",
     CAPTION + "| a | B (rows) |\n|---|---:|\n| x | 25301.7106 |\n| y | 3.0 |\n",
     "A dash - between words, e.g. this; (a list.) Then text. Issue #60 and C# are no headings.",
+    "the loop inherited from cs336sys.optim.AdamW (the same state), and `torch.Tensor` objects.",
     CAPTION.strip() + " [Table 1](#tbl-t)\n\n" + INDEXED.format("[7.7](#77-the-saving)"),
 ])
 def test_what_is_not_an_artefact_passes(text):

@@ -173,9 +173,10 @@ def _pytorch_attention(ctx: AttentionContext, df: pd.DataFrame, out: Path) -> No
     compact = by_seq(eager, lambda r: f"{r['forward_ms']:.2f} / {r['backward_ms']:.2f}" if r["status"] == "ok"
                      else r["status"], "ms, fwd / bwd")
     widest = eager[eager["d"] == eager["d"].max()].set_index("seq")
-    compact[f"memory, d {int(eager['d'].max())} (MiB)"] = [
-        f"{widest.loc[q, 'memory_before_backward_bytes'] / 2**20:,.0f}" if widest.loc[q, "status"] == "ok"
-        else widest.loc[q, "status"] for q in compact["seq"]]
+    if "memory_before_backward_bytes" in widest and widest["memory_before_backward_bytes"].notna().any():  # CUDA's
+        compact[f"memory, d {int(eager['d'].max())} (MiB)"] = [
+            f"{widest.loc[q, 'memory_before_backward_bytes'] / 2**20:,.0f}" if widest.loc[q, "status"] == "ok"
+            else widest.loc[q, "status"] for q in compact["seq"]]
     ctx.pt_compact = save_table(compact, out, "pytorch_attention_compact")
     if {"eager", "compiled"} <= set(df["impl"]):
         _compiled_vs_eager(ctx, ok, out)

@@ -152,10 +152,12 @@ def _mfu(ctx: BenchmarkingContext, ok: pd.DataFrame, out: Path) -> None:
         ctx.mfu_context = c
         ctx.best_mfu_by_dtype = {}
         for dtype, g in train.groupby("dtype"):
+            if g.mfu_pct.isna().all():  # no ceiling measured for this dtype (the smoke grid's CPU: fp32 only)
+                continue
             best = g.loc[g.mfu_pct.idxmax()]
             ctx.best_mfu_by_dtype[dtype] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": dtype,
                                             "compile": best["compile"], "context_length": int(best.context_length)}
-        ctx.best_mfu = max(ctx.best_mfu_by_dtype.values(), key=lambda b: b["pct"])
+        ctx.best_mfu = max(ctx.best_mfu_by_dtype.values(), key=lambda b: b["pct"], default=None)
 
 
 def _spread(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataFrame) -> None:
@@ -194,6 +196,11 @@ def _summary(ctx: BenchmarkingContext) -> list[dict]:
         rows.append({"part": "MFU of a bf16 train step, the best", "result": f"{bf16['pct']:.1f} % ({bf16['size']}, "
                      f"{bf16['compile']}, context {bf16['context_length']}) of the measured "
                      f"{ctx.peak_tflops['bf16']:.0f} TFLOP/s", "target": None, "met": None, "ref": "bench-mfu"})
+    elif ctx.best_mfu is not None:  # no bf16 ceiling: the best MFU there is, with its dtype
+        b = ctx.best_mfu
+        rows.append({"part": f"MFU of a {b['dtype']} train step, the best", "result": f"{b['pct']:.1f} % "
+                     f"({b['size']}, {b['compile']}, context {b['context_length']})", "target": None, "met": None,
+                     "ref": "bench-mfu"})
     if ctx.bf16_train_speedup:
         size, speedup = list(ctx.bf16_train_speedup.items())[-1]
         rows.append({"part": "bf16 autocast against fp32 (TF32 off)", "result": f"{speedup:.2f}× faster train step "

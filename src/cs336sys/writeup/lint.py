@@ -49,6 +49,8 @@ _GLUED_ITEM = re.compile(r"(?<=[.):;!?])(?:-|\d{1,2}\.)\s+\S")  # "unchanged).- 
 # "figures.)**2.7B", "bf16's.[Section 9]", "(0.99×)(the course's", "(listed above)and no longer"
 _GLUED_PARAGRAPH = re.compile(r"\.\)(?=[^\s,;:.)\]|'\"\u2019])|(?<=[\w'\u2019)])\.\["
                               r"|\)\((?=[A-Za-z])|(?<=[\w.])\)(?=[A-Za-z]{2})")
+# "every sequence length.At short sequences": a word, its full stop, and the next sentence's (not a dotted name)
+_GLUED_SENTENCE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*\.(?=[A-Z][a-z]*\s+[a-z])")
 # A number with more digits than anything here is measured to: raw floats such as a sympy relation
 # "B >= 25301.7106024295". Tables' columns are exempt (a CSV-like column may keep its digits).
 MAX_SIGNIFICANT = 4
@@ -120,8 +122,9 @@ def _source_left(line: str, text: str) -> list[str]:
         found.append(f"a heading glued to the text before it: {heading.group(0)!r}")
     for pattern, what in ((_ATTRIBUTES, "an attribute list left in the text"),
                           (_GLUED_ITEM, "a list item glued to the text before it"),
-                          (_GLUED_PARAGRAPH, "a paragraph glued to the one before it")):
-        m = pattern.search(text)
+                          (_GLUED_PARAGRAPH, "a paragraph glued to the one before it"),
+                          (_GLUED_SENTENCE, "a sentence glued to the one before it")):
+        m = None if pattern is _GLUED_SENTENCE and line.startswith("|") else pattern.search(text)  # a cell's name
         if m:
             found.append(f"{what}: {text[max(0, m.start() - 12):m.end() + 12]!r}")
     return found
