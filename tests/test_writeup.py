@@ -178,6 +178,7 @@ def test_each_artefact_is_found(text, finding):
     # versions, counts, dates and rounded decimals; a table column keeps its digits
     "Python 3.11.7, driver 580.159.04, 3,406,809,600 parameters, 1,234 GiB, 0.001234 s and 12.34 % at the end 12.34.",
     CAPTION + "| a | B (rows) |\n|---|---:|\n| x | 25301.7106 |\n| y | 3.0 |\n",
+    CAPTION + "| a | # of GPUs |\n|---|---:|\n| x | 2 |\n| y | 4 |\n",
     "A dash - between words, e.g. this; (a list.) Then text. Issue #60 and C# are no headings.",
     "the loop inherited from cs336sys.optim.AdamW (the same state), and `torch.Tensor` objects.",
     CAPTION.strip() + " [Table 1](#tbl-t)\n\n" + INDEXED.format("[7.7](#77-the-saving)"),

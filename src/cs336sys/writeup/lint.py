@@ -117,7 +117,7 @@ def _source_left(line: str, text: str) -> list[str]:
     """Markdown syntax on a line that the PDF would print as text (`text`: the line with code, maths and
     link targets masked)."""
     found = []
-    heading = _GLUED_HEADING.search(text, 1)
+    heading = None if line.startswith("|") else _GLUED_HEADING.search(text, 1)  # a cell may say "# of GPUs"
     if heading and text[:heading.start()].strip():
         found.append(f"a heading glued to the text before it: {heading.group(0)!r}")
     for pattern, what in ((_ATTRIBUTES, "an attribute list left in the text"),
