@@ -177,6 +177,7 @@ def test_each_artefact_is_found(text, finding):
     CAPTION + "| a | b | c (ms) |\n|---|---|---:|\n| x | 1 | 1.0 |\n| x | 2 | 3.0 |\n",
     # versions, counts, dates and rounded decimals; a table column keeps its digits
     "Python 3.11.7, driver 580.159.04, 3,406,809,600 parameters, 1,234 GiB, 0.001234 s and 12.34 % at the end 12.34.",
+    "- **Software:** PyTorch 2.11.0+cu130; CUDA 13.0, driver 570.00; Python 3.12.3.",
     CAPTION + "| a | B (rows) |\n|---|---:|\n| x | 25301.7106 |\n| y | 3.0 |\n",
     CAPTION + "| a | # of GPUs |\n|---|---:|\n| x | 2 |\n| y | 4 |\n",
     "A dash - between words, e.g. this; (a list.) Then text. Issue #60 and C# are no headings.",

@@ -131,8 +131,9 @@ def _source_left(line: str, text: str) -> list[str]:
 
 
 def _unrounded(line: str) -> list[str]:
-    """Decimals of more than MAX_SIGNIFICANT significant digits in prose, captions, code and maths."""
-    if line.startswith("|"):
+    """Decimals of more than MAX_SIGNIFICANT significant digits in prose, captions, code and maths; not in
+    tables, nor in the title block's software versions (a driver "570.00" is a name, not a measurement)."""
+    if line.startswith(("|", "- **Software:**")):
         return []
     return [f"a number printed with {significant_digits(m.group(0))} significant digits (at most "
             f"{MAX_SIGNIFICANT} outside tables): {m.group(0)!r}"
