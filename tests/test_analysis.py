@@ -97,4 +97,13 @@ def test_a_number_that_rounds_to_zero_has_no_sign(value, digits, thousands, text
 
 def test_the_templates_number_filter_prints_no_minus_zero():
     from cs336sys.report import _num
-    assert (_num(-0.001, 1), _num(-0.3, 1), _num(-1234.5, 1)) == ("0.0", "-0.3", "-1,234.5")
+    assert (_num(-0.001, 1), _num(-0.3, 1), _num(-1234.5, 1)) == ("0.0", "-0.3", "-1,234")
+
+
+@pytest.mark.parametrize("value, digits, text", [
+    (50.765, 3, "50.77"), (1.0, 4, "1.000"), (2048.0, 2, "2,048"), (142506.0, 1, "142,506"), (9.9996, 3, "10.00"),
+    (0.01000214, 8, "0.01000"), (0.5, 2, "0.50"), (3.14159, 2, "3.14"), (25302, 0, "25,302"), (0.0, 3, "0.000")])
+def test_the_number_filter_prints_at_most_four_significant_digits_of_a_measured_value(value, digits, text):
+    # issue 60: prose printed "50.765 GiB", "1.0000×" and a raw "25301.7106024295"; counts print whole
+    from cs336sys.report import _num
+    assert _num(value, digits) == text

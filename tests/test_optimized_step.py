@@ -522,18 +522,19 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["best"]["2.7B"]["target"] == 1.2 and ctx["best"]["2.7B"]["met"] is False
     assert ctx["slower"] == {"the CUDA graph": ["2.7B"]}
     assert ctx["spread_ms"] == {"eager": 8.0, "graph": 0.2}
-    [row] = summary_rows(ctx)
-    assert row["met"] is False and row["result"].startswith("1.42× its roofline (133.0 ms, from 190.0 ms plain)")
+    [row] = summary_rows(ctx)  # one row, one verdict, for the whole series
+    assert row["met"] is False and row["result"] == "2.7B 1.42× its roofline" and row["target"] == "≤ 1.2×"
     fast = {**ctx, "best": {"2.7B": {**ctx["best"]["2.7B"], "x_roofline": 1.19, "x_text": "1.19", "met": True},
                             "xl": {**ctx["best"]["2.7B"], "x_roofline": 1.25, "x_text": "1.25", "target": 1.3,
                                    "met": True}}}
-    assert [r["met"] for r in summary_rows(fast)] == [True, True]
-    assert summary_rows(fast)[1]["result"] == "xl 1.25× their rooflines" and summary_rows(fast)[1]["why"] is None
-    # a size outside its target: the row says why, from the probes that measured it
+    [row] = summary_rows(fast)
+    assert row["met"] is True and row["why"] is None
+    assert row["result"] == "2.7B 1.19×, xl 1.25× its roofline" and row["target"] == "≤ 1.2× (2.7B); ≤ 1.3× (xl)"
+    # a size outside its target: the row misses, and says why, from the probes that measured it
     slow = {**fast, "best": {**fast["best"], "xl": {**fast["best"]["xl"], "x_roofline": 1.35, "x_text": "1.35",
                                                     "met": False}}}
-    why = summary_rows(slow)[1]["why"]
-    assert "counts no activation traffic" in why and "notes/runs/" in why
+    [row] = summary_rows(slow)
+    assert row["met"] is False and "counts no activation traffic" in row["why"] and "notes/runs/" in row["why"]
     assert ctx["unmeasured"] == {}
 
 

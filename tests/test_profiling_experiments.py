@@ -212,6 +212,8 @@ def test_sections_build_from_the_results(runs, tmp_path):
     assert [t["mode"] for t in mem["timeline"]["modes"]] == ["forward", "train step"]
     assert all((dirs["memory"] / t["figure"]).is_file() for t in mem["timeline"]["modes"])
     assert set(mem["bf16_ratio"]) == {"forward", "train step"}
+    # (d) answered at the saved-tensor point's context, which the snapshots ran (issue 60: say which and why)
+    assert mem["residual"]["at"] == "saved_tensors" and mem["residual"]["context_length"] == 32
     ckpt = mem["ckpt"]
     assert ckpt["group_sizes"] == [0, 1, 2, 3] and ckpt["oom"] == [3]
     # on the CPU the tiny model's peak is the logits', the same for every k: the best is the lowest peak

@@ -109,3 +109,49 @@ def test_the_main_report_rendered_from_the_committed_sections_is_clean(tmp_path)
     text = render_markdown(dirs, TEMPLATES, tmp_path / "writeup" / "report.md")
     assert lint.problems(text) == []
     assert "| not answered |" not in text
+
+
+def test_the_report_build_fails_on_a_lint_problem_and_names_it(tmp_path, capsys):
+    """`python -m cs336sys.report md` (the rule report_markdown) runs the lint on what it rendered: a
+    heading glued to a paragraph (a template's block tag that ate a line break) fails the build."""
+    from cs336sys.report import main
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "earlier_code.md.j2").write_text("# Results made with earlier code\n")
+    good = "# Title\n\nSome text.\n{% if true %}(A note.){% endif %}\n\n## Part {: #part}\n\nMore.\n"
+    bad = good.replace("{% endif %}\n\n## Part", "{% endif %}\n## Part")  # the tag eats the newline
+    dirs = sections(tmp_path)
+    for template, code in ((good, 0), (bad, 1)):
+        (templates / "report.md.j2").write_text(template)
+        assert main(["md", "--sections", *map(str, dirs), "--templates", str(templates),
+                     "--out", str(tmp_path / "report.md")]) == code
+    err = capsys.readouterr().err
+    assert "a heading glued to the text before it" in err and "an attribute list left in the text" in err
+
+
+def test_the_summary_shows_each_sections_first_rows_up_to_its_quota_and_the_conclusions_count_every_target(
+        tmp_path):
+    """At most 12 rows on the summary page (at most 2 from each distributed part and the leaderboard), each
+    section's first ones; a ratio within the noise reads "≈ (within noise)" and counts as neither met nor
+    missed; the conclusions count every section's targets, shown or not."""
+    from cs336sys.report import MAX_SUMMARY_ROWS, SUMMARY_ROWS
+
+    assert sum(SUMMARY_ROWS.values()) <= MAX_SUMMARY_ROWS and set(SUMMARY_ROWS) <= set(SECTIONS)
+    assert all(SUMMARY_ROWS[s] <= 2 for s in ("ddp", "sharding", "leaderboard"))
+
+    def row(part, met):
+        return {"part": part, "result": "1.01× its step time", "target": "≤ 1.00×", "met": met, "ref": "conclusion"}
+
+    empty = {"env": {}, "tables": {}, "figures": {}, "result_counts": {}}
+    ddp = [row("DDP first", True), row("DDP second", "noise"), row("DDP third", False)]
+    contexts = {"ddp": {**empty, "summary": ddp}, "sharding": {**empty, "summary": [row("FSDP", False)]}}
+    text = render_markdown(sections(tmp_path, contexts), TEMPLATES, tmp_path / "writeup" / "report.md")
+    summary = text.split("## Summary")[1].split("## Contents")[0]
+    assert "| DDP first |" in summary and "| DDP third |" not in summary  # beyond the quota
+    assert "| DDP second | 1.01× its step time | ≤ 1.00× | ≈ (within noise) |" in summary
+    conclusions = text.split("Conclusions and limitations")[2]
+    assert "Of the 4 targets the sections set, 1 was met and\n2 missed; 1 is within the noise" in conclusions
+    missed = conclusions.split("**Targets missed.**")[1].split("**Within the noise.**")[0]
+    assert "DDP third" in missed and "FSDP" in missed and "DDP second" not in missed
+    assert lint.problems(text) == []

@@ -1,11 +1,14 @@
 """Render the report: section contexts -> Jinja templates -> report.md -> (pandoc, typst) -> report.pdf.
 
     python -m cs336sys.report md --sections results/sections/* --templates writeup/templates --out writeup/report.md
+        (also writes writeup/earlier_code.md, the results kept across a code change, which the report links;
+        fails, listing them, on any problem `cs336sys.writeup.lint` finds in what it rendered)
     python -m cs336sys.report pdf writeup/report.md --out writeup/report.pdf
     python -m cs336sys.report pages writeup/report.md --out /tmp/pages   # each page as a PNG, to look at
 
 Templates see every section's context.json under `sections[<name>]`, `section_order` (the registry's
-report order), `overview` (the machines, software, commits and dates of all results), `deliverables`
+report order), `overview` (the machines, software, commits and dates of all results), `summary` (the
+summary page's rows: `summary_rows`), `deliverables`
 (`cs336sys.deliverables`), `pins` (results kept across a code change, `workflow/pins.yaml`), `grid`
 ("main", or "smoke" for the CPU smoke grid's report), a filter `num(x, digits)`, `fig(section, name)` and
 `csv(section, name)` (a file's path relative to the report), and the cross-reference helpers of
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,17 +31,24 @@ import jinja2
 from cs336sys.analysis.formatting import no_minus_zero
 from cs336sys.io import write_atomic
 from cs336sys.registry import SECTIONS
-from cs336sys.writeup import markup
+from cs336sys.writeup import lint, markup
 from cs336sys.writeup.layout import MARGIN_X_CM, TEXT_WIDTH_CM  # noqa: F401  (the tests read them here)
 from cs336sys.writeup.typst import render_pages, render_pdf
 
 
 def _num(value, digits: int = 2) -> str:
+    """The templates' `num` filter: `digits` decimals, fewer where they would print more than
+    `lint.MAX_SIGNIFICANT` significant digits ("50.765" as 50.77, "2,048.00" as 2,048): the report's prose
+    rounds every measured number (an integer is a count and prints whole)."""
     if value is None:
         return "n/a"
     if isinstance(value, int):
         return f"{value:,}"
-    return no_minus_zero(f"{value:,.{digits}f}")
+    text = f"{value:,.{digits}f}"
+    while digits > 0 and lint.significant_digits(text) > lint.MAX_SIGNIFICANT and math.isfinite(value):
+        digits -= 1
+        text = f"{value:,.{digits}f}"
+    return no_minus_zero(text)
 
 
 def _span(pair, digits: int = 2) -> str:
@@ -73,6 +85,21 @@ def overview(contexts: dict[str, dict]) -> dict:
             "status_counts": status}
 
 
+# The summary page (docs/report.md): each section's first rows, its headline results in its own order, up to
+# its quota here; at most MAX_SUMMARY_ROWS in all, so that the summary fits its page. Every row of every
+# section still counts in the conclusions (targets met, missed or within the noise).
+SUMMARY_ROWS = {"benchmarking": 3, "attention": 2, "memory": 1, "ddp": 2, "sharding": 2, "leaderboard": 2}
+MAX_SUMMARY_ROWS = 12
+
+
+def summary_rows(contexts: dict[str, dict]) -> list[dict]:
+    """The rows of the summary table, in the registry's section order."""
+    rows = []
+    for name in SECTIONS:
+        rows += (contexts.get(name, {}).get("summary") or [])[:SUMMARY_ROWS.get(name, 0)]
+    return rows
+
+
 def index_table(doc: markup.Document) -> str:
     """The deliverables index: every problem part of both handouts -> the heading that answers it. Long
     problem names may break after an underscore (a zero-width space) and the asks keep their hyphenated
@@ -105,12 +132,11 @@ def environment(templates: Path, fig=None) -> jinja2.Environment:
 
 def render_section(name: str, context: dict, templates: Path, pins: list[dict] | None = None) -> str:
     """One section alone with its appendix (if it has one), numbered as if they were the whole report, with
-    `pins` (`cs336sys.pins` entries, as the report lists them) in effect and the heading of their appendix:
-    for tests. References between the parts resolve."""
+    `pins` (`cs336sys.pins` entries, as the report lists them) in effect: for tests. References between the
+    parts resolve."""
     appendix = f"sections/appendix/{name}.md.j2"
     wrapper = ('{% import "macros.md.j2" as m %}' + f'{{% include "{SECTIONS[name].template}" %}}\n'
-               + "{{ APPENDIX }}\n" + f'{{% include ["{appendix}"] ignore missing %}}'
-               + ("\n## Results made with earlier code {: #pins-appendix}\n" if pins else ""))
+               + "{{ APPENDIX }}\n" + f'{{% include ["{appendix}"] ignore missing %}}')
     text = environment(templates).from_string(wrapper).render(sections={name: context}, grid="main", pins=pins or [])
     return markup.render(text)[0]
 
@@ -130,11 +156,19 @@ def render_markdown(section_dirs: list[Path], templates: Path, out: Path, grid: 
 
     order = [name for name in SECTIONS if name in contexts]
     text = environment(templates, fig).get_template("report.md.j2").render(
-        sections=contexts, section_order=order, grid=grid, overview=overview(contexts),
+        sections=contexts, section_order=order, grid=grid, overview=overview(contexts), summary=summary_rows(contexts),
         deliverables=DELIVERABLES, pins=pins or [])
     text, _ = markup.render(text, index=index_table)
     write_atomic(out, text)
+    earlier = environment(templates).get_template("earlier_code.md.j2").render(pins=pins or [])
+    write_atomic(earlier_code_path(out), re.sub(r"\n{3,}", "\n\n", earlier))
     return text
+
+
+def earlier_code_path(report: Path) -> Path:
+    """The list of results kept across a code change (`workflow/pins.yaml`), written beside the report,
+    which links it: reasons that run to pages, for a reader of the repository rather than of the PDF."""
+    return report.with_name("earlier_code.md")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     pages.add_argument("--ppi", type=int, default=60)
     a = p.parse_args(argv)
     if a.command == "md":
-        render_markdown(a.sections, a.templates, a.out, a.grid, pins=json.loads(a.pins))
+        text = render_markdown(a.sections, a.templates, a.out, a.grid, pins=json.loads(a.pins))
+        found = lint.problems(text) + lint.problems(earlier_code_path(a.out).read_text())
+        if found:  # the build fails on what a reader would see as a fault (docs/report.md)
+            print(f"{a.out}: {len(found)} problems (cs336sys.writeup.lint):", *found, sep="\n", file=sys.stderr)
+            return 1
     elif a.command == "pdf":
         render_pdf(a.markdown, a.out)
     else:

@@ -69,5 +69,5 @@ section(
     + timings_of("flash_benchmarking")
     # the bf16 matrix-product ceiling bounds the attainable speed-up over naive attention
     + results_of("matmul_peak"),
-    extra={"reference_ms": LB.get("reference_ms", {})},
+    extra={"reference_ms": LB.get("reference_ms", {}), "reference_source": LB.get("reference_source")},
 )

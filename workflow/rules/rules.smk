@@ -102,6 +102,8 @@ rule report_markdown:
         ),
     output:
         md=f"{VIEW}writeup/report.md",
+        # the results kept across a code change (pins), with their reasons: a file the report links
+        earlier_code=f"{VIEW}writeup/earlier_code.md",
         # the report's numbered tables and figures for Snakemake's report (the tables it lays out itself too)
         report_items=report(
             directory(REPORT_ITEMS),

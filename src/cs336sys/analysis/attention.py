@@ -3,11 +3,11 @@ FlashAttention-2 benchmark grid (11) and the 2025 leaderboard shape."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.analysis.attention_context import AttentionContext
 from cs336sys.analysis.attention_flash import (
     IMPL_LABEL,
     NAIVE_TARGET_SEQ,
@@ -21,7 +21,7 @@ from cs336sys.analysis.attention_flash import (
     tflops_tables,
     time_tables,
 )
-from cs336sys.analysis.attention_leaderboard import gluon, leaderboard
+from cs336sys.analysis.attention_leaderboard import CLOCK_TOLERANCE, gluon, leaderboard, public_entry
 from cs336sys.analysis.common import (
     environment_summary,
     figure,
@@ -31,80 +31,15 @@ from cs336sys.analysis.common import (
     save_figure,
     save_table,
 )
-from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.formatting import fixed
 from cs336sys.analysis.verdicts import at_most
 
-
-@dataclass
-class AttentionContext(SectionContext):
-    figures: dict[str, str] = field(default_factory=dict)
-    """Figure name -> its file; the section's figures are in flash_figures, so this stays empty."""
-    # --- pytorch_attention (problem 7) and torch_compile (8a) ---
-    pt_tables: dict[str, str] | None = None
-    """(7, 8a) Implementation (eager, compiled) -> the table of its times and memory before the backward."""
-    pt_batch: int | None = None
-    """(7) The batch size of the naive attention grid."""
-    pt_accounting: dict | None = None
-    """(7) Memory accounting of the smallest point out of memory (or the largest that ran): GiB by part."""
-    pt_oom: list[str] | None = None
-    """(7) The points that ran out of memory, as "impl d=.. seq=..."."""
-    pt_compile_table: str | None = None
-    """(8a) Eager against compiled naive attention, with the forward and backward speed-ups."""
-    pt_compile_forward_range: list[float] | None = None
-    """(8a) The smallest and largest forward speed-up of compiled over eager."""
-    # --- flash_benchmarking (problem 11) ---
-    flash_tables: dict[str, str] | None = None
-    """(11) "dtype part" -> the grid's times (forward, backward, fwd+bwd) or TFLOP/s table."""
-    flash_figures: dict[str, str | None] | None = None
-    """(11) "times" and "speedup" -> the figure's file (None where it could not be drawn)."""
-    flash_grid: dict | None = None
-    """(11) The grid's batch sizes, head counts, seq and d ranges, dtypes."""
-    flash_graph_tables: dict[str, str] | None = None
-    """(11) dtype -> ours against SDPA as CUDA-graph replays, beside the eager ratio."""
-    sdpa_backends: dict[str, str] | None = None
-    """(11) dtype -> the backend(s) SDPA chose."""
-    flash_compact: str | None = None
-    """(11) The main text's table: bf16 at the two longest sequences, ours against SDPA and naive."""
-    flash_targets: list[dict] | None = None
-    """(11) Per bf16 point at seq >= 8192, d 64 and 128: ours over SDPA (eager, graphed), naive over ours, met."""
-    flash_target_values: dict | None = None
-    """(11) The targets' limits and the naive target's sequence length."""
-    flash_floor: dict | None = None
-    """(11) The shortest fwd+bwd of ours and SDPA (host-bound) and the sequence from which ours is faster."""
-    flash_feasibility: list[dict] | None = None
-    """(11) Per d, whether 20x naive at seq 16384 is reachable at the measured bf16 matmul peak."""
-    flash_feasibility_measured: list[str] | None = None
-    """(11) The measured ratios' columns of the feasibility table (every implementation any row has)."""
-    # --- flash_leaderboard ---
-    lb_table: str | None = None
-    """Both leaderboards' attention shapes: every implementation's times and TFLOP/s (printed: ours, cuDNN, FA2)."""
-    lb_reference_ms: dict[str, float] | None = None
-    """Published figures for the leaderboard shape (label -> ms), from the config."""
-    lb_editions: list[dict] | None = None
-    """Per (GPU, edition): the shape, ours' times, ours over each SDPA backend, ours' tiles."""
-    lb_backward_in_noise: int = 0
-    """How many leaderboard points timed the forward alone no faster than forward+backward (backward blanked)."""
-    lb_dtype: str | None = None
-    """The leaderboard points' dtype."""
-    lb_gpus: list[str] | None = None
-    """The GPUs the leaderboard points ran on."""
-    lb_kernels: str | None = None
-    """Each GPU kernel of ours and of cuDNN at the leaderboard shapes, with its share of the call's time."""
-    lb_gluon: dict | None = None
-    """The Gluon kernels against cuDNN in the same job: the table, per (GPU, edition) ratios, the GPUs."""
-    # --- the section as a whole ---
-    flash_grid_wall_s: dict | None = None
-    """(11) Wall seconds of the grid's jobs: total, ours, and the number of jobs."""
-    summary: list[dict] | None = None
-    """The section's lines of the report's summary page."""
-    limitations: list[str] | None = None
-    """The section's lines of the conclusion's limitations."""
-    flash_fp32_precision: dict | None = None
-    """(11) fp32 at the longest sequence: ours with TF32 and with IEEE products over SDPA, and IEEE over TF32."""
+# SDPA's backends as the report names them (torch.nn.attention.SDPBackend's names are the keys)
+SDPA_BACKEND = {"flash": "FlashAttention-2", "efficient": "memory-efficient", "cudnn": "cuDNN", "math": "math"}
 
 
-def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: object) -> AttentionContext:
+def build(paths: list[Path], out: Path, reference_ms: dict | None = None, reference_source: str | None = None,
+          **_: object) -> AttentionContext:
     """The section's context: naive and compiled attention, the FlashAttention-2 grid with its targets and
     feasibility against the matmul peak, the leaderboard shapes, the grid's machine time and the summary."""
     frame = results_frame(paths)
@@ -124,6 +59,11 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
         ctx.flash_feasibility_measured = list(dict.fromkeys(k for f in ctx.flash_feasibility for k in f["measured"]))
     leaderboard(ctx, frame[frame.problem == "flash_leaderboard"], out, reference_ms or {})
     ctx.lb_gluon = gluon(frame[frame.problem == "flash_leaderboard_gluon"], out)
+    gluon_ms = {(ed["gpu"], ed["edition"]): ed["fwd_bwd_ms"].get("gluon_bwd")
+                for ed in (ctx.lb_gluon or {}).get("editions", [])}
+    ctx.lb_clock_tolerance = CLOCK_TOLERANCE if ctx.lb_editions or ctx.lb_gluon else None
+    ctx.lb_public = public_entry((ctx.lb_gluon or {}).get("editions", []), ctx.lb_editions or [], gluon_ms,
+                                 reference_ms or {}, reference_source)
     walls = {p.stem: read_benchmark_tsv(p) for p in paths if p.suffix == ".tsv"}
     if walls:
         ctx.flash_grid_wall_s = {"total": sum(walls.values()),
@@ -141,40 +81,47 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, **_: o
 
 
 def _summary(ctx: AttentionContext) -> list[dict]:
-    """One row per leaderboard shape: ours over cuDNN forward and backward on each GPU."""
+    """Two rows, one verdict each: our Triton kernels, then the Gluon kernels, against SDPA's cuDNN backend
+    at both leaderboards' shapes on every GPU (forward and backward); each says where the two sides of a
+    ratio ran at different SM clocks."""
+    triton = [(ed, ed["ratios"]["sdpa_cudnn"], "ours") for ed in ctx.lb_editions or [] if "sdpa_cudnn" in ed["ratios"]]
+    # the Gluon kernels alone: its forward and its backward (else the Gluon forward with the tl backward)
+    gluon_eds = [ed for ed in (ctx.lb_gluon or {}).get("editions", []) if {"gluon", "gluon_bwd"} & set(ed["ratios"])]
+    gl = [(ed, ed["ratios"].get("gluon_bwd") or ed["ratios"]["gluon"], "gluon_bwd" if "gluon_bwd" in ed["ratios"]
+           else "gluon") for ed in gluon_eds]
     rows = []
-    by_edition: dict[str, list[dict]] = {}
-    for ed in ctx.lb_editions or []:
-        if "sdpa_cudnn" in ed["ratios"]:
-            by_edition.setdefault(ed["edition"], []).append(ed)
-    for edition, eds in sorted(by_edition.items()):
-        ratios = [(ed["gpu"], ed["ratios"]["sdpa_cudnn"]) for ed in eds]
-        result = "; ".join(f"{gpu}: forward {_times(r['fwd'])}, backward {_times(r['bwd'])}" for gpu, r in ratios)
-        met = all(at_most(r[p], 1.0) for _, r in ratios for p in ("fwd", "bwd"))
-        rows.append({"part": f"Our FlashAttention-2 against cuDNN, {edition} attention",
-                     "result": result + " cuDNN's time", "target": "≤ 1.00×, forward and backward", "met": met,
-                     "ref": "att-lb", "why": None if met else
-                     "the backward recomputes the scores and dP for dQ (7 tile products to cuDNN's 5); "
-                     "Triton does not warp-specialise our loops on Hopper"})
-    gluon_by_edition: dict[str, list[dict]] = {}
-    for ed in (ctx.lb_gluon or {}).get("editions", []):
-        if "gluon_bwd" in ed["ratios"] or "gluon" in ed["ratios"]:
-            gluon_by_edition.setdefault(ed["edition"], []).append(ed)
-    for edition, eds in sorted(gluon_by_edition.items()):
-        # the Gluon kernels alone: its forward and its backward (else the Gluon forward with the tl backward)
-        ratios = [(ed["gpu"], ed["ratios"].get("gluon_bwd") or ed["ratios"]["gluon"]) for ed in eds]
-        met = all(at_most(r[p], 1.0) for _, r in ratios for p in ("fwd", "bwd"))
-        rows.append({"part": f"Gluon FlashAttention (Hopper) against cuDNN, {edition} attention",
-                     "result": "; ".join(f"{gpu}: forward {_times(r['fwd'])}, backward {_times(r['bwd'])}"
-                                         for gpu, r in ratios) + " cuDNN's time",
-                     "target": "≤ 1.00×, forward and backward", "met": met, "ref": "att-lb-gluon",
-                     "why": None if met else _gluon_why(ratios)})
+    for name, runs, ref in (("Triton FlashAttention-2", triton, "att-lb-h"),
+                            ("Gluon FlashAttention (Hopper)", gl, "att-lb-h")):
+        if not runs:
+            continue
+        met = all(at_most(r[p], 1.0) for _, r, _ in runs for p in ("fwd", "bwd"))
+        rows.append({"part": f"{name} against SDPA's cuDNN backend (both leaderboard shapes)",
+                     "result": f"forward {_range([r['fwd'] for _, r, _ in runs])}, backward "
+                               f"{_range([r['bwd'] for _, r, _ in runs])} cuDNN's time{_clock_note(runs)}",
+                     "target": "≤ 1.00×, forward and backward", "met": met, "ref": ref,
+                     "why": None if met else _why(name, [(ed["gpu"], r) for ed, r, _ in runs])})
     return rows
 
 
-def _times(ratio: float | None) -> str:
-    """A ratio as the summary prints it; "n/a" for a backward within the timing's noise."""
-    return "n/a" if ratio is None else f"{ratio:.2f}×"
+def _range(ratios: list[float | None]) -> str:
+    """The lowest and highest of some ratios as the summary prints them; "n/a" where none was measured."""
+    shown = sorted({f"{r:.2f}" for r in ratios if r is not None}, key=float)
+    if not shown:
+        return "n/a"
+    return f"{shown[0]}×" if len(shown) == 1 else f"{shown[0]}× to {shown[-1]}×"
+
+
+def _clock_note(runs: list[tuple[dict, dict, str]]) -> str:
+    """In how many runs the two sides of a ratio ran at different SM clocks (the section names them)."""
+    apart = [ed for ed, _, impl in runs if ed.get("clocks_differ", {}).get("sdpa_cudnn" if impl == "ours" else impl)]
+    return f"; SM clocks differ in {len(apart)} of {len(runs)} runs" if apart else ""
+
+
+def _why(name: str, ratios: list[tuple[str, dict]]) -> str:
+    if name.startswith("Triton"):
+        return ("the backward recomputes the scores and dP for dQ (7 tile products to cuDNN's 5); Triton does not "
+                "warp-specialise our loops on Hopper")
+    return _gluon_why(ratios)
 
 
 def _gluon_why(ratios: list[tuple[str, dict]]) -> str:
@@ -222,8 +169,25 @@ def _pytorch_attention(ctx: AttentionContext, df: pd.DataFrame, out: Path) -> No
     if row["status"] == "ok" and "memory_before_backward_bytes" in row:
         ctx.pt_accounting["measured_gib"] = float(row["memory_before_backward_bytes"]) / 2**30
     ctx.pt_oom = [f"{r['impl']} d={r['d']} seq={r['seq']}" for _, r in oom.iterrows()]
+    eager = df[df.impl == "eager"] if (df.impl == "eager").any() else df[df.impl == df.impl.iloc[0]]
+    compact = by_seq(eager, lambda r: f"{r['forward_ms']:.2f} / {r['backward_ms']:.2f}" if r["status"] == "ok"
+                     else r["status"], "ms, fwd / bwd")
+    widest = eager[eager["d"] == eager["d"].max()].set_index("seq")
+    if "memory_before_backward_bytes" in widest and widest["memory_before_backward_bytes"].notna().any():  # CUDA's
+        compact[f"memory, d {int(eager['d'].max())} (MiB)"] = [
+            f"{widest.loc[q, 'memory_before_backward_bytes'] / 2**20:,.0f}" if widest.loc[q, "status"] == "ok"
+            else widest.loc[q, "status"] for q in compact["seq"]]
+    ctx.pt_compact = save_table(compact, out, "pytorch_attention_compact")
     if {"eager", "compiled"} <= set(df["impl"]):
         _compiled_vs_eager(ctx, ok, out)
+
+
+def by_seq(df: pd.DataFrame, cell, unit: str) -> pd.DataFrame:
+    """A compact grid: one row per sequence length, one column per head dimension, `cell(point)` in each."""
+    table = df.assign(cell=df.apply(cell, axis=1)).pivot_table(index="seq", columns="d", values="cell",
+                                                               aggfunc="first")
+    table.columns = [f"d {int(d)} ({unit})" for d in table.columns]
+    return table.reset_index()
 
 
 def _compiled_vs_eager(ctx: AttentionContext, ok: pd.DataFrame, out: Path) -> None:
@@ -240,6 +204,8 @@ def _compiled_vs_eager(ctx: AttentionContext, ok: pd.DataFrame, out: Path) -> No
         "forward_speedup": "fwd speed-up (×)", "backward_ms_eager": "eager bwd (ms)",
         "backward_ms_compiled": "compiled bwd (ms)", "backward_speedup": "bwd speed-up (×)"})
     ctx.pt_compile_table = save_table(table, out, "pytorch_attention_compiled_vs_eager")
+    ctx.pt_compile_compact = save_table(by_seq(m, lambda r: f"{r['forward_speedup']:.2f} / {r['backward_speedup']:.2f}",
+                                               "×, fwd / bwd"), out, "pytorch_attention_compiled_compact")
     ctx.pt_compile_forward_range = [float(m["forward_speedup"].min()), float(m["forward_speedup"].max())]
 
 
@@ -272,6 +238,8 @@ def _flash(ctx: AttentionContext, df: pd.DataFrame, out: Path) -> None:
     if column in ok:
         chosen = ok[(ok.impl == "sdpa") & ok[column].notna()]
         ctx.sdpa_backends = {dtype: ", ".join(sorted(set(g[column]))) for dtype, g in chosen.groupby("dtype")}
+        ctx.sdpa_backend_names = {dtype: ", ".join(SDPA_BACKEND.get(b, b) for b in sorted(set(g[column])))
+                                  for dtype, g in chosen.groupby("dtype")}
     ctx.flash_compact = compact(wide, out)
     ctx.flash_targets = targets(wide)
     ctx.flash_target_values = TARGETS | {"naive_seq": NAIVE_TARGET_SEQ}

@@ -1,6 +1,7 @@
 """The attention section's leaderboard shapes: ours against SDPA's backends at both leaderboards'
-attention shapes (forward, backward, both; the kernels of ours and of cuDNN), and the Gluon kernels
-against cuDNN timed in the same job."""
+attention shapes (forward, backward, both; the kernels of ours and of cuDNN), the Gluon kernels
+against cuDNN timed in the same job, whether each ratio's two sides ran at one SM clock, and our
+kernels at the 2025 shape against the best verified entry of the course's published leaderboard."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from cs336sys.analysis.common import CLOCK, POWER, clocks, save_table
 from cs336sys.analysis.formatting import fmt
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.attention import AttentionContext
+    from cs336sys.analysis.attention_context import AttentionContext
 
 LB_IMPLS = {"ours": "ours (Triton)", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA FlashAttention-2",
             "sdpa_efficient": "SDPA memory-efficient", "naive": "naive PyTorch"}
@@ -90,9 +91,39 @@ def gpu_label(r: pd.Series) -> str:
 
 GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",
                "gluon_bwd": "Gluon forward and backward"}
+# Two SM clocks within 2 % of each other (two of nvidia-smi's 15 MHz steps at 1.5 GHz) count as one clock; a ratio
+# whose two sides ran further apart says so, since an attention kernel's time follows its clock.
+CLOCK_TOLERANCE = 0.02
+
+
 def _clock_by_impl(ok: pd.DataFrame) -> dict:
     """impl -> the SM clock of its forward+backward timing, for the points (indexed by impl) that kept one."""
     return {impl: c[CLOCK] for impl, r in ok.iterrows() if (c := clocks(r))}
+
+
+def clocks_differ(clock_mhz: dict, a: str, b: str) -> bool | None:
+    """Whether `a` and `b` were timed at SM clocks more than CLOCK_TOLERANCE apart; None where either lacks one."""
+    ca, cb = clock_mhz.get(a), clock_mhz.get(b)
+    if not ca or not cb:
+        return None
+    return bool(abs(ca - cb) > CLOCK_TOLERANCE * max(ca, cb))
+
+
+def public_entry(gluon_editions: list[dict], lb_editions: list[dict], gluon_ms: dict, reference_ms: dict,
+                 source: str | None) -> dict | None:
+    """Our kernels' forward+backward at the shape of the course's published attention leaderboard (2025, one
+    H100) against its best verified entry: the Gluon kernels' and the Triton kernels' times and ratios."""
+    best = reference_ms.get("public best Triton entry")
+    ours = {"gluon": gluon_ms.get(("H100", "2025"))}
+    ours["triton"] = next((ed["ours"]["fwd_bwd_ms"] for ed in lb_editions
+                           if (ed["gpu"], ed["edition"]) == ("H100", "2025") and ed.get("ours")), None)
+    ours = {k: v for k, v in ours.items() if v}
+    if not best or not ours:
+        return None
+    clock = next((ed["clock_mhz"].get("gluon_bwd") for ed in gluon_editions
+                  if (ed["gpu"], ed["edition"]) == ("H100", "2025")), None)
+    return {"reference_ms": best, "source": source, "gpu": "H100", "edition": "2025", "gluon_clock_mhz": clock,
+            "ms": ours, "ratio": {k: v / best for k, v in ours.items()}}
 
 
 def _whole_numbers(table: pd.DataFrame) -> pd.DataFrame:
@@ -124,8 +155,11 @@ def gluon(df: pd.DataFrame, out: Path) -> dict | None:
         if "sdpa_cudnn" in ok.index:
             base = ok.loc["sdpa_cudnn"]
             ratios = {impl: _ratios(ok.loc[impl], base) for impl in ok.index if impl != "sdpa_cudnn"}
-        editions.append({"gpu": gpu, "edition": edition, "ratios": ratios,
-                         "clock_mhz": _clock_by_impl(ok)})
+        clock = _clock_by_impl(ok)
+        editions.append({"gpu": gpu, "edition": edition, "ratios": ratios, "clock_mhz": clock,
+                         "clocks_differ": {impl: clocks_differ(clock, impl, "sdpa_cudnn") for impl in ratios},
+                         "fwd_bwd_ms": {impl: float(ok.loc[impl, "fwd_bwd_ms"]) for impl in ok.index
+                                        if "fwd_bwd_ms" in ok and pd.notna(ok.loc[impl, "fwd_bwd_ms"])}})
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():
         table = table.drop(columns="status")
@@ -165,6 +199,7 @@ def leaderboard(ctx: AttentionContext, df: pd.DataFrame, out: Path, reference_ms
             entry["tiles"] = {k: ours.get(k) for k in ("forward_tiles", "backward_tiles")
                               if isinstance(ours.get(k), str)}
         entry["clock_mhz"] = _clock_by_impl(ok)
+        entry["clocks_differ"] = {impl: clocks_differ(entry["clock_mhz"], "ours", impl) for impl in entry["ratios"]}
         editions.append(entry)
     table = pd.DataFrame(rows)
     if (table["status"] == "ok").all():

@@ -4,11 +4,11 @@ the pipeline's own overhead."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.analysis.benchmarking_context import BenchmarkingContext
 from cs336sys.analysis.benchmarking_runs import MODE_LABEL, overhead, warmup
 from cs336sys.analysis.benchmarking_speedups import HOST_BOUND_BUSY, busy, compile_speedups, precision_speedups
 from cs336sys.analysis.common import (
@@ -22,105 +22,8 @@ from cs336sys.analysis.common import (
     size_key,
     sort_rows,
 )
-from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.formatting import mean_std
 from cs336sys.analysis.optimized_step import optimized_step, summary_rows
-
-
-@dataclass
-class BenchmarkingContext(SectionContext):
-    figures: dict[str, str] = field(default_factory=dict)
-    """Figure name -> its file (`analysis.common.save_figure`): the times against size."""
-    peak_tflops: dict[str, float] = field(default_factory=dict)
-    """(MFU) Dtype -> the dense matmul ceiling measured on the GPU (TFLOP/s, `matmul_peak` results)."""
-    # benchmarking_script (a, b): the grid and its times
-    protocol: dict[str, list[int]] | None = None
-    """(b) The warm-up steps, timed steps and batch sizes the result files record: {"warmup", "steps", "batch"}."""
-    context_lengths: list[int] = field(default_factory=list)
-    """(b) The eager grid's context lengths, ascending; one timing table each."""
-    sizes: list[str] = field(default_factory=list)
-    """(b) The grid's model sizes, smallest first."""
-    backward_timed_alone: bool | None = None
-    """(a, b) Whether every backward cell was timed alone (else forward+backward less forward)."""
-    timing_context_main: int | None = None
-    """(b) The longest context: its timing table is printed in the section, the others in the appendix."""
-    backward_ratio: list[float] | None = None
-    """(b) The backward's time over the forward's at the main context, [lowest, highest] over the sizes."""
-    # benchmarking_mixed_precision (c): bf16 autocast against fp32
-    tables_bf16: str | None = None
-    """(4c) fp32 and bf16-autocast mean times and the speed-up of every eager point (Markdown)."""
-    tables_bf16_compact: str | None = None
-    """(4c) The speed-up per size and mode at the longest context (Markdown)."""
-    figure_bf16: str | None = None
-    """(4c) The speed-up figure's file."""
-    bf16_train_speedup: dict[str, float] | None = None
-    """(4c) Size -> the train step's bf16 speed-up at the longest context."""
-    bf16_slower: list[str] | None = None
-    """(4c) The eager points slower in bf16 than in fp32 ("size mode (context c)")."""
-    bf16_context_length: int | None = None
-    """(4c) The context the compact table and the train-step speed-ups are at."""
-    # wall time against the GPU's busy time: which points wait on the host
-    tables_busy: str | None = None
-    """(b, 4c) Median wall and GPU-busy time per size and mode at the busy context (Markdown)."""
-    busy_context: int | None = None
-    """(b, 4c) The context of the busy table: the longest."""
-    host_bound_busy_pct: float | None = None
-    """(b) The busy share (%) below which a point waits on the host."""
-    host_bound: list[str] | None = None
-    """(b) The eager points below that share ("size mode dtype ctx c")."""
-    busy_pct_range: list[float] | None = None
-    """(b) GPU-busy over wall time (%) over the eager points, [lowest, highest]."""
-    tables_host_bound: str | None = None
-    """(b) Every host-bound point's wall and busy times (Markdown); absent without any."""
-    bf16_busy_train_speedup: dict[str, float] | None = None
-    """(4c) Size -> the train step's bf16 speed-up in GPU-busy time at the busy context."""
-    # torch_compile (b): the compiled model against eager
-    tables_compile: str | None = None
-    """(8b) Eager and compiled mean times and the speed-up of every pair of points (Markdown)."""
-    tables_compile_compact: str | None = None
-    """(8b) The speed-up per size, by mode, dtype (and way of compiling) (Markdown)."""
-    figure_compile: str | None = None
-    """(8b) The speed-up figure's file."""
-    compile_method: list[str] | None = None
-    """(8b) The ways of compiling measured ("blocks", "full")."""
-    compile_speedup_range: list[float] | None = None
-    """(8b) The compiled speed-up over every pair, [lowest, highest]."""
-    compile_speedup_by_method: dict[str, list[float]] | None = None
-    """(8b) Way of compiling -> its speed-up, [lowest, highest]."""
-    # model FLOPs utilisation, the timings' spread
-    mfu_context: int | None = None
-    """(MFU) The context of the compact MFU table: the longest train step's."""
-    best_mfu: dict | None = None
-    """(MFU) The train step with the highest MFU: {"pct", "size", "dtype", "compile", "context_length"}."""
-    cv: dict | None = None
-    """(b) The coefficient of variation (%) of the timed steps: {"median_pct", "max_pct", "max_what"}."""
-    oom_points: list[str] = field(default_factory=list)
-    """(b) The points that ran out of memory ("size mode dtype compile ctx c")."""
-    # benchmarking_script (c): the cold start
-    tables_warmup: str | None = None
-    """(c) Mean ± std of the measured steps after each number of warm-up steps, per size and mode (Markdown)."""
-    figure_warmup: str | None = None
-    """(c) The cold-start figure's file: step times from a process's first step."""
-    warmup_first_step_ratio: dict[str, float] | None = None
-    """(c) "size mode" -> the first step's time over the settled median."""
-    warmup_worst: dict | None = None
-    """(c) The largest of those ratios: {"what", "ratio"}."""
-    warmup_values: list[int] | None = None
-    """(c) The numbers of warm-up steps compared."""
-    warmup_context_length: int | None = None
-    """(c) The context the cold starts ran at."""
-    # the pipeline's own cost
-    tables_overhead: str | None = None
-    """Each job's wall time against the time inside its points, and the difference (Markdown)."""
-    overhead: dict | None = None
-    """The jobs' totals: {"wall_s", "overhead_s", "share_pct", "jobs"}."""
-    # every technique in one step
-    optimized: dict | None = None
-    """The optimised-step series against its roofline (`analysis.optimized_step`); absent without results."""
-    summary: list[dict] = field(default_factory=list)
-    """The section's lines of the report's summary page."""
-    limitations: list[str] = field(default_factory=list)
-    """What the wall times cannot say where the host, not the GPU, sets them."""
 
 
 def _cell(row) -> str:
@@ -202,14 +105,16 @@ def _grid(ctx: BenchmarkingContext, bench: pd.DataFrame, ok: pd.DataFrame) -> No
 
 def _timing_tables(ctx: BenchmarkingContext, eager: pd.DataFrame, out: Path) -> None:
     """1(b): mean ± std per size and mode, fp32 eager, one table per context length; the backward's time
-    against the forward's at the longest context."""
+    against the forward's at the longest context, as the table's two columns give it."""
     ctx.tables["timing"] = {}
     every_alone = True
     for c in ctx.context_lengths:
         sel = eager[(eager["dtype"] == "fp32") & (eager.context_length == c)]
         wide = _pivot_cells(sel, ["size"], "mode")
-        cells, alone = _backward_cells(sel, wide["size"])
+        cells, alone, backward = _backward_cells(sel, wide["size"])
         every_alone = every_alone and alone
+        if c == max(ctx.context_lengths):
+            _backward_ratio(ctx, sel, backward)
         wide.insert(wide.columns.get_loc("forward_backward") + 1 if "forward_backward" in wide else len(wide.columns),
                     "backward", cells)
         wide = wide.rename(columns={**{m: f"{v} (ms)" for m, v in MODE_LABEL.items()},
@@ -217,13 +122,17 @@ def _timing_tables(ctx: BenchmarkingContext, eager: pd.DataFrame, out: Path) -> 
         ctx.tables["timing"][str(c)] = save_table(wide, out, f"timing_fp32_ctx{c}")  # JSON keys are strings
     if ctx.context_lengths:
         ctx.backward_timed_alone = every_alone
-        c = ctx.timing_context_main = max(ctx.context_lengths)
-        means = eager[(eager["dtype"] == "fp32") & (eager.context_length == c) & (eager.status == "ok")].pivot_table(
-            index="size", columns="mode", values="mean_ms")
-        if {"forward", "forward_backward"} <= set(means.columns):
-            ratio = ((means.forward_backward - means.forward) / means.forward).dropna()
-            if not ratio.empty:
-                ctx.backward_ratio = [float(ratio.min()), float(ratio.max())]
+        ctx.timing_context_main = max(ctx.context_lengths)
+
+
+def _backward_ratio(ctx: BenchmarkingContext, sel: pd.DataFrame, backward: dict[str, float]) -> None:
+    """The backward column's mean over the forward column's, per size: the lowest and highest, and where."""
+    forward = {r["size"]: r["mean_ms"] for _, r in sel[(sel["mode"] == "forward") & (sel.status == "ok")].iterrows()}
+    ratio = {size: b / forward[size] for size, b in backward.items() if forward.get(size)}
+    if ratio:
+        low, high = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
+        ctx.backward_ratio = [ratio[low], ratio[high]]
+        ctx.backward_ratio_sizes = [low, high]
 
 
 def _mfu(ctx: BenchmarkingContext, ok: pd.DataFrame, out: Path) -> None:
@@ -241,9 +150,14 @@ def _mfu(ctx: BenchmarkingContext, ok: pd.DataFrame, out: Path) -> None:
         compact.columns.name = None
         ctx.tables["mfu_compact"] = save_table(sort_rows(compact, "size"), out, "mfu_compact", digits=1)
         ctx.mfu_context = c
-        best = train.loc[train.mfu_pct.idxmax()]
-        ctx.best_mfu = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": best["dtype"],
-                        "compile": best["compile"], "context_length": int(best.context_length)}
+        ctx.best_mfu_by_dtype = {}
+        for dtype, g in train.groupby("dtype"):
+            if g.mfu_pct.isna().all():  # no ceiling measured for this dtype (the smoke grid's CPU: fp32 only)
+                continue
+            best = g.loc[g.mfu_pct.idxmax()]
+            ctx.best_mfu_by_dtype[dtype] = {"pct": float(best.mfu_pct), "size": best["size"], "dtype": dtype,
+                                            "compile": best["compile"], "context_length": int(best.context_length)}
+        ctx.best_mfu = max(ctx.best_mfu_by_dtype.values(), key=lambda b: b["pct"], default=None)
 
 
 def _spread(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataFrame) -> None:
@@ -274,42 +188,52 @@ def _limitations(ctx: BenchmarkingContext) -> list[str]:
 
 
 def _summary(ctx: BenchmarkingContext) -> list[dict]:
+    """The section's rows of the summary page, the headline first: bf16's MFU (the rate a reader trains
+    at), bf16 against fp32, the optimised step against its roofline, then the compiled model."""
     rows = []
-    if ctx.best_mfu is not None:
+    bf16 = (ctx.best_mfu_by_dtype or {}).get("bf16")
+    if bf16 is not None:
+        rows.append({"part": "MFU of a bf16 train step, the best", "result": f"{bf16['pct']:.1f} % ({bf16['size']}, "
+                     f"{bf16['compile']}, context {bf16['context_length']}) of the measured "
+                     f"{ctx.peak_tflops['bf16']:.0f} TFLOP/s", "target": None, "met": None, "ref": "bench-mfu"})
+    elif ctx.best_mfu is not None:  # no bf16 ceiling: the best MFU there is, with its dtype
         b = ctx.best_mfu
-        rows.append({"part": "Best MFU of a train step", "result": f"{b['pct']:.1f} % ({b['size']}, {b['dtype']}, "
-                     f"{b['compile']}, context {b['context_length']})", "target": None, "met": None,
+        rows.append({"part": f"MFU of a {b['dtype']} train step, the best", "result": f"{b['pct']:.1f} % "
+                     f"({b['size']}, {b['compile']}, context {b['context_length']})", "target": None, "met": None,
                      "ref": "bench-mfu"})
     if ctx.bf16_train_speedup:
         size, speedup = list(ctx.bf16_train_speedup.items())[-1]
-        rows.append({"part": "bf16 autocast against fp32", "result": f"{speedup:.2f}× faster train step ({size}, "
-                     f"context {ctx.bf16_context_length})", "target": None, "met": None, "ref": "bench-bf16"})
+        rows.append({"part": "bf16 autocast against fp32 (TF32 off)", "result": f"{speedup:.2f}× faster train step "
+                     f"({size}, context {ctx.bf16_context_length})", "target": None, "met": None, "ref": "bench-bf16"})
+    rows += summary_rows(ctx.optimized or {})
     if ctx.compile_speedup_range:
         low, high = ctx.compile_speedup_range
         said = f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"
         rows.append({"part": "torch.compile against eager", "result": f"{said} faster",
                      "target": None, "met": None, "ref": "bench-compile"})
-    return rows + summary_rows(ctx.optimized or {})
+    return rows
 
 
-def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> tuple[list[str], bool]:
+def _backward_cells(sel: pd.DataFrame, sizes: pd.Series) -> tuple[list[str], bool, dict[str, float]]:
     """Backward time per step: timed alone (a synchronisation around each phase) where the result
     files have it, else forward+backward less forward, means of two separately timed modes, so their
-    standard deviations add. Returns the cells and whether every one was timed alone."""
-    cells, alone = [], True
+    standard deviations add. Returns the cells, whether every one was timed alone, and each size's mean."""
+    cells, alone, means = [], True, {}
     for size in sizes:
         by = {r["mode"]: r for _, r in sel[sel["size"] == size].iterrows()}
         f, fb = by.get("forward"), by.get("forward_backward")
         if fb is not None and fb["status"] == "ok" and isinstance(fb.get("phase_ms"), dict):
             t = fb["phase_ms"]["backward"]
-            cells.append(mean_std(statistics.fmean(t), statistics.stdev(t) if len(t) > 1 else 0.0))
+            means[size] = statistics.fmean(t)
+            cells.append(mean_std(means[size], statistics.stdev(t) if len(t) > 1 else 0.0))
             continue
         if f is None or fb is None or f["status"] != "ok" or fb["status"] != "ok":
             cells.append(fb["status"] if fb is not None and fb["status"] != "ok" else "")
             continue
         alone = False
-        cells.append(mean_std(fb["mean_ms"] - f["mean_ms"], fb["std_ms"] + f["std_ms"]))
-    return cells, alone
+        means[size] = fb["mean_ms"] - f["mean_ms"]
+        cells.append(mean_std(means[size], fb["std_ms"] + f["std_ms"]))
+    return cells, alone, means
 
 
 def _times_figure(ok: pd.DataFrame, out: Path) -> str:

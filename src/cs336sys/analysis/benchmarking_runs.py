@@ -13,7 +13,7 @@ from cs336sys.analysis.common import figure, log_axis, read_benchmark_tsv, save_
 from cs336sys.analysis.formatting import mean_std
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.benchmarking import BenchmarkingContext
+    from cs336sys.analysis.benchmarking_context import BenchmarkingContext
 
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 

@@ -13,7 +13,7 @@ from cs336sys.analysis.benchmarking_runs import MODE_LABEL
 from cs336sys.analysis.common import figure, save_figure, save_table, sort_rows
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.benchmarking import BenchmarkingContext
+    from cs336sys.analysis.benchmarking_context import BenchmarkingContext
 
 HOST_BOUND_BUSY = 0.8  # a step whose kernels fill less of its wall time than this waits on the host
 

@@ -12,7 +12,6 @@ prediction made from the measured per-block numbers; the nested schemes' costs f
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +24,7 @@ from cs336sys.analysis.common import (
     save_figure,
     save_table,
 )
-from cs336sys.analysis.context import SectionContext
+from cs336sys.analysis.memory_context import MemoryContext
 from cs336sys.analysis.memory_snapshots import from_snapshots, unit_of
 from cs336sys.profiling.checkpointing import (
     bisection_cost,
@@ -36,36 +35,6 @@ from cs336sys.profiling.checkpointing import (
 from cs336sys.results import read_result
 from cs336sys.sizes import parameter_count
 from cs336sys.units import GIB, MIB
-
-
-@dataclass
-class MemoryContext(SectionContext):
-    figures: dict[str, str] = field(default_factory=dict)
-    """Figure name -> its file (`analysis.common.save_figure`)."""
-    machine_s: float | None = None
-    """Wall seconds of the section's jobs (Snakemake's timing records)."""
-    snapshot: dict | None = None
-    """(5) The size whose snapshots are shown: its contexts, dtypes, unit, snapshot sources, points out of memory."""
-    bf16_ratio: dict[str, dict[str, float]] | None = None
-    """(5c) Mode -> bf16's peak over fp32's at the same point: {"min", "max"}."""
-    timeline: dict | None = None
-    """(5a) The point whose forward and train-step timelines are drawn, with each mode's peak and phases."""
-    train_peak_phases: dict[str, list[str]] | None = None
-    """(5a) Phase of the train step -> the points (context, dtype) that peaked in it."""
-    residual: dict | None = None
-    """(5d) The residual stream's size from the config, and the allocations of that size seen."""
-    largest: dict | None = None
-    """(5e) The largest allocation of the forward at the longest context that ran: size, site, code."""
-    saved: dict | None = None
-    """(5f, 6) One block's saved-for-backward tensors and gradients at the saved_tensors point."""
-    rmsnorm: dict | None = None
-    """(6) RMSNorm's saved bytes, eager against compiled, and their ratio."""
-    snapshot_gradients: dict | None = None
-    """(5f) What a train-step snapshot's phases say the forward saves and the backward frees, in GiB."""
-    ckpt: dict | None = None
-    """(6) The checkpointing sweep: its shape, group sizes, peaks, the model's prediction and the best k."""
-    summary: list[dict] = field(default_factory=list)
-    """The section's lines of the report's summary page."""
 
 
 def _load(paths: list[Path], problem: str) -> list[dict]:
@@ -92,8 +61,8 @@ def build(paths: list[Path], out: Path, **_: object) -> MemoryContext:
     snapshots = _load(paths, "memory_snapshot")
     saved = _load(paths, "saved_tensors")
     sweep = _load(paths, "checkpointing")
-    if snapshots:
-        from_snapshots(ctx, out, snapshots)
+    if snapshots:  # (d) at the context of (f)'s saved-tensor point, one the snapshot grid also runs
+        from_snapshots(ctx, out, snapshots, saved[0]["settings"]["context_length"] if saved else None)
     if saved:
         _saved(ctx, out, saved)
     if snapshots and saved:

@@ -16,7 +16,7 @@ from cs336sys.profiling.timeline import SHADES
 from cs336sys.units import GIB, MIB
 
 if TYPE_CHECKING:
-    from cs336sys.analysis.memory import MemoryContext
+    from cs336sys.analysis.memory_context import MemoryContext
 
 MODE_LABEL = {"forward": "forward", "forward_backward": "forward+backward", "train_step": "train step"}
 
@@ -33,10 +33,10 @@ def _cell(r: dict | None, scale: int) -> str | float | None:
     return r["metrics"]["peak_bytes"] / scale if r["status"] == "ok" else r["status"]
 
 
-def from_snapshots(ctx: MemoryContext, out: Path, snapshots: list[dict]) -> None:
+def from_snapshots(ctx: MemoryContext, out: Path, snapshots: list[dict], residual_context: int | None = None) -> None:
     """Problem 5 (a-e) from the memory_snapshot results of the size with the most points that ran: peak
-    memory per context, mode and dtype, the active-memory timelines, the residual stream, the largest
-    allocations."""
+    memory per context, mode and dtype, the active-memory timelines, the residual stream (answered at
+    `residual_context` where the snapshots have it, else at the longest context), the largest allocations."""
     ok = [r for r in snapshots if r["status"] == "ok"]
     by = {(r["settings"]["size"], r["settings"]["context_length"], r["settings"]["mode"], r["settings"]["dtype"]): r
           for r in snapshots}
@@ -53,7 +53,7 @@ def from_snapshots(ctx: MemoryContext, out: Path, snapshots: list[dict]) -> None
     ctx.snapshot["source"] = "; ".join(ctx.snapshot["sources"])
     _peaks(ctx, out, by, size, contexts, dtypes, modes, unit, scale)
     _timelines(ctx, out, by, size, contexts, dtypes, modes, scale)
-    _residual(ctx, out, by, size, ok)
+    _residual(ctx, out, by, size, ok, residual_context)
     _largest(ctx, out, by, size)
 
 
@@ -107,8 +107,10 @@ def _timelines(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, co
     ctx.train_peak_phases = peaks_in
 
 
-def _residual(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, ok: list[dict]) -> None:
-    """(d) the residual stream: derived from the config, checked against the allocation sizes seen."""
+def _residual(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, ok: list[dict],
+              prefer_context: int | None) -> None:
+    """(d) the residual stream: derived from the config, checked against the allocation sizes seen; the
+    answer at `prefer_context` (fp32) where measured, and at the longest context beside it."""
     rows = []
     for (s, c, m, d), r in sorted(by.items()):
         if s != size or r["status"] != "ok" or m != "forward":
@@ -121,12 +123,18 @@ def _residual(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, ok:
     if rows:
         ctx.tables["residual"] = save_table(pd.DataFrame(rows), out, "residual_stream", digits=2)
         fp32 = [r for (s, c, m, d), r in sorted(by.items()) if s == size and r["status"] == "ok" and d == "fp32"]
-        ref = fp32[-1] if fp32 else ok[-1]
+        # the forward's point, as the table's rows (a train step allocates the same size more often)
+        preferred = [r for r in fp32 if r["settings"]["context_length"] == prefer_context
+                     and r["settings"]["mode"] == "forward"]
+        ref = preferred[-1] if preferred else fp32[-1] if fp32 else ok[-1]
         res = ref["metrics"]["residual"]
         ctx.residual = {**res, "bytes": ref["metrics"]["residual_bytes"],
-                           "nearest_mib": None if res["nearest_bytes"] is None else res["nearest_bytes"] / MIB,
-                           "mib": ref["metrics"]["residual_bytes"] / MIB,
-                           "matches_all": all(row["allocations of that size"] > 0 for row in rows)}
+                        "nearest_mib": None if res["nearest_bytes"] is None else res["nearest_bytes"] / MIB,
+                        "mib": ref["metrics"]["residual_bytes"] / MIB,
+                        "matches_all": all(row["allocations of that size"] > 0 for row in rows),
+                        "at": "saved_tensors" if preferred else "longest",
+                        "longest_context": max(row["context"] for row in rows),
+                        "longest_mib": max(row["derived (MiB)"] for row in rows)}
 
 
 def _largest(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str) -> None:

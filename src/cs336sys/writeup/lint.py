@@ -1,6 +1,9 @@
 """What a rendered report must not contain: the artefacts of generated text (`nan`, "-0%", "5 to 5"),
 tables with a column that says nothing, uncaptioned tables and figures, long headings, impossible
-negative values, mixed units, counts printed as floats, leftover template syntax.
+negative values, mixed units, counts printed as floats, leftover template syntax; Markdown that would
+survive into the PDF as source (a heading, an attribute list or a list item glued to the text before it:
+a template that ate a line break), numbers printed unrounded, and links (the index's above all) whose
+target is no rendered heading or anchor.
 
 `problems(markdown)` lists every finding as one line ("line 120: ..."); the tests require none for the
 main report and for the smoke report. Each check is here once, with the reason it exists.
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from cs336sys.writeup.markup import INDEX_BEGIN, INDEX_END, gfm_slug
 
 MAX_HEADING_CHARS = 80
 
@@ -35,6 +40,23 @@ _NON_NEGATIVE_HEADER = re.compile(r"\((?:ms|s|µs|us|GiB|MiB|KiB|GB/s|TFLOP/s|B)
 _SIGNED_HEADER = re.compile(r"change|differ|\bgap\b|saved|saving|Δ|delta|minus|−|- ", re.I)
 _COUNT_HEADER = re.compile(r"\b(calls|count|groups|buckets|points|steps|blocks|layers|tensors|ranks|GPUs)\b", re.I)
 _FLOAT_COUNT = re.compile(r"^\d[\d,]*\.\d+$")
+# Markdown source that reaches the PDF as text. A Jinja block tag at the end of a line eats the line's
+# newline (trim_blocks), which glues the next paragraph, heading or list item to the text before it:
+# "figures.)### fsdp_accounting (b)", "figures.)**2.7B on 2 ranks.**", "unchanged).- **flash_benchmarking**".
+_GLUED_HEADING = re.compile(r"(?<![&\w#\\])#{1,6}\s+\S")  # searched after a line's first character
+_ATTRIBUTES = re.compile(r"\{:\s*[^}]*\}")  # kramdown's {: #key}, which markup takes off headings only
+_GLUED_ITEM = re.compile(r"(?<=[.):;!?])(?:-|\d{1,2}\.)\s+\S")  # "unchanged).- x", "said).2. y"
+# "figures.)**2.7B", "bf16's.[Section 9]", "(0.99×)(the course's", "(listed above)and no longer"
+_GLUED_PARAGRAPH = re.compile(r"\.\)(?=[^\s,;:.)\]|'\"\u2019])|(?<=[\w'\u2019)])\.\["
+                              r"|\)\((?=[A-Za-z])|(?<=[\w.])\)(?=[A-Za-z]{2})")
+# "every sequence length.At short sequences": a word, its full stop, and the next sentence's (not a dotted name)
+_GLUED_SENTENCE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*\.(?=[A-Z][a-z]*\s+[a-z])")
+# A number with more digits than anything here is measured to: raw floats such as a sympy relation
+# "B >= 25301.7106024295". Tables' columns are exempt (a CSV-like column may keep its digits).
+MAX_SIGNIFICANT = 4
+_DECIMAL = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?:[eE][-+]?\d+)?(?!\w|\.\d)")
+_LINK_ANCHOR = re.compile(r"\]\(#([^)\s]+)\)")
+_ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
 # A measured quantity's header names its unit; a number column without one is a key (d, seq, k).
 _MEASURED_HEADER = re.compile(r"\(|×|%|/|TFLOP|speed|ratio|share|MFU", re.I)
 
@@ -85,9 +107,74 @@ def _number(cell: str) -> float | None:
     return float(m.group(1)) if m and _NUMBER_CELL.match(cell.replace(",", "")) else None
 
 
+def significant_digits(number: str) -> int:
+    """The significant digits a decimal is printed with ("0.0120" -> 3, "25301.71" -> 7, "1.0000" -> 5)."""
+    mantissa = re.split(r"[eE]", number)[0]
+    return len(re.sub(r"\D", "", mantissa).lstrip("0"))
+
+
+def _source_left(line: str, text: str) -> list[str]:
+    """Markdown syntax on a line that the PDF would print as text (`text`: the line with code, maths and
+    link targets masked)."""
+    found = []
+    heading = None if line.startswith("|") else _GLUED_HEADING.search(text, 1)  # a cell may say "# of GPUs"
+    if heading and text[:heading.start()].strip():
+        found.append(f"a heading glued to the text before it: {heading.group(0)!r}")
+    for pattern, what in ((_ATTRIBUTES, "an attribute list left in the text"),
+                          (_GLUED_ITEM, "a list item glued to the text before it"),
+                          (_GLUED_PARAGRAPH, "a paragraph glued to the one before it"),
+                          (_GLUED_SENTENCE, "a sentence glued to the one before it")):
+        m = None if pattern is _GLUED_SENTENCE and line.startswith("|") else pattern.search(text)  # a cell's name
+        if m:
+            found.append(f"{what}: {text[max(0, m.start() - 12):m.end() + 12]!r}")
+    return found
+
+
+def _unrounded(line: str) -> list[str]:
+    """Decimals of more than MAX_SIGNIFICANT significant digits in prose, captions, code and maths; not in
+    tables, nor in the title block's software versions (a driver "570.00" is a name, not a measurement)."""
+    if line.startswith(("|", "- **Software:**")):
+        return []
+    return [f"a number printed with {significant_digits(m.group(0))} significant digits (at most "
+            f"{MAX_SIGNIFICANT} outside tables): {m.group(0)!r}"
+            for m in _DECIMAL.finditer(_LINK_TARGET.sub("]", line)) if significant_digits(m.group(0)) > MAX_SIGNIFICANT]
+
+
+def heading_anchors(lines: list[str]) -> set[str]:
+    """The anchors of the rendered headings, numbered as GitHub numbers repeats ("x", "x-1")."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in lines:
+        fenced = fenced != line.startswith("```")
+        m = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if m:
+            slug = gfm_slug(m.group(1))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def _dangling_links(lines: list[str]) -> list[str]:
+    """Links within the report whose target is neither a rendered heading nor an `<a id>` anchor; in the
+    index of deliverables, each entry must lead to a heading."""
+    headings = heading_anchors(lines)
+    anchors = headings | {a for line in lines for a in _ANCHOR.findall(line)}
+    found, in_index = [], False
+    for n, line in enumerate(lines, 1):
+        in_index = (in_index or line.strip() == INDEX_BEGIN) and line.strip() != INDEX_END
+        for target in _LINK_ANCHOR.findall(line):
+            if in_index and target not in headings:
+                found.append(f"line {n}: an index entry whose target is not a rendered heading: #{target}")
+            elif target not in anchors:
+                found.append(f"line {n}: a link to an anchor the report does not have: #{target}")
+    return found
+
+
 def problems(markdown: str) -> list[str]:
     lines = markdown.split("\n")
-    found: list[str] = []
+    found: list[str] = _dangling_links(lines)
     fenced = False
     has_gib = "GiB" in markdown
     for n, line in enumerate(lines, 1):
@@ -109,6 +196,7 @@ def problems(markdown: str) -> list[str]:
             m = pattern.search(text)
             if m:
                 found.append(f"line {n}: {what}: {m.group(0)!r} in {line.strip()[:100]!r}")
+        found += [f"line {n}: {what}" for what in _source_left(line, text) + _unrounded(line)]
         m = re.match(r"^(#{1,6})\s+(.*)$", line)
         if m and len(m.group(2)) > MAX_HEADING_CHARS:
             found.append(f"line {n}: a heading of {len(m.group(2))} characters (at most {MAX_HEADING_CHARS}): "
