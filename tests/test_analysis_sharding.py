@@ -369,7 +369,7 @@ def test_block_units_beside_per_layer_and_the_proxy_apart(units_section, tmp_pat
     table = ctx.fsdp_proxy["table"]
     assert "| xl | bf16 | layer | 98 | 800.00 |" in table and "| xl | bf16 | block | 50 | 700.00 |" in table
     text = render(ctx, tmp_path)
-    assert "With bf16 compute and block units, ours takes 1.050 (1.0" in text
+    assert "| xl | 2 | bf16 | 600.0 | 1.150 (1.1" in text and "| 1.050 (1.0" in text  # per layer, per block
     assert "A proxy on one rank." in text and "not a distributed result" in text
 
 
@@ -412,12 +412,12 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     _, ctx, out = gpu_section
     text = render(ctx, tmp_path)
     assert "CPU numbers" not in text and "No results yet" not in text
-    assert "on the CPU only the tensor sums" not in text and "The steady-state peak falls from" in text
+    assert "on the CPU only the tensor sums" not in text and "the steady-state peak unsharded and with our sharded" in text
     assert "zero: `oom`" in text and "No ratio: one of the two did not run." in text
     assert "**Yes**: after the first, no layer of the forward waited" in text
     assert "not measured" in text and "✓" in text and "✗" in text
     assert "of the expected)" in text and (out / ctx.trace["figure"]).is_file()
-    assert "Where ours per layer is slower, one difference costs time" in text
+    assert "Where ours per layer is slower, it pays for many more collectives" in text
     assert "The savings fall short because the two peaks" in text
     assert "n/a" not in text and max(table_widths(text)) <= 9
 

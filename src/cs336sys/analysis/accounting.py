@@ -24,6 +24,7 @@ from cs336sys.accounting.memory import P_NORM, PARAMETER_CLASSES
 from cs336sys.accounting.symbols import D_FF, N_DP, N_FSDP, N_TP, B, C, D, N, S, W, evaluate, latex
 from cs336sys.analysis.common import environment_summary, results_frame, save_table
 from cs336sys.analysis.context import SectionContext
+from cs336sys.analysis.rounds import with_rounds_pooled
 
 # The example the 2026 FFN answers are evaluated for: the 2026 handout's xl model (our 2.7B) at the
 # batch of its section 3.2 (4 sequences of 2,048 tokens), B = 8,192 rows.
@@ -249,7 +250,7 @@ def _checks(ctx: AccountingContext, frame: pd.DataFrame, out: Path) -> None:
 
 
 def build(paths: list[Path], out: Path, **_: object) -> AccountingContext:
-    frame = results_frame(paths)
+    frame = with_rounds_pooled(results_frame(paths))  # a point of interleaved rounds is one row
     answers = questions.all_answers()
     ctx = AccountingContext(env=environment_summary(frame), editions=EDITIONS, references=REFERENCES)
     _formulas(ctx, answers)

@@ -18,7 +18,7 @@ from cs336sys.analysis.common import save_table
 from cs336sys.analysis.formatting import fixed, percent
 
 RING_FORMULA = "2(r-1)/r"  # bytes each of r ranks sends in a ring all-reduce, over the tensor's (LaTeX)
-SHOWN = ("none", "naive", "flat", "overlap", "bucketed", "torch_ddp")  # the best bucket size for bucketed
+SHOWN = ("none", "flat", "bucketed", "torch_ddp")  # the best bucket size for bucketed (every variant: the appendix)
 
 
 def ring_factor(n: int) -> float:
@@ -73,7 +73,7 @@ def scaling(jobs: list[dict], busbw: dict[int, float], out: Path) -> list[dict]:
                     row[f"share, {n} ranks"] = percent((p["mean_ms"] - s["none"]["mean_ms"]) / p["mean_ms"])
             rows.append(row)
         if predicted:
-            rows.append({"variant": "ring all-reduce of the gradients at the measured bus bandwidth",
+            rows.append({"variant": "ring all-reduce, predicted",
                          **{f"comm., {n} ranks (ms)": fixed(ms, 1) for n, ms in predicted.items()}})
         facts = {"size": size, "dtype": dtype, "worlds": worlds, "label": f"{size}, {dtype}",
                  "rounds": [j["rounds"] for j in js], "grad_gib": grad / 2**30 if grad else None,

@@ -12,7 +12,7 @@ import pandas as pd
 
 from cs336sys.analysis.common import SIZE_ORDER, save_table
 from cs336sys.analysis.ddp_buckets import FIT_R2_GOOD, bucket_model
-from cs336sys.analysis.formatting import fixed, mean_std, number, percent
+from cs336sys.analysis.formatting import fixed, mean_std, number
 from cs336sys.analysis.rounds import clocks_differ, paired_ratio
 from cs336sys.analysis.verdicts import against_limit
 from cs336sys.sizes import SIZES, train_step_flops
@@ -217,7 +217,7 @@ def _table(points: list[dict]) -> pd.DataFrame:
                      "round means (ms)": ", ".join(f"{m:.1f}" for m in p["round_ms"]) if p["rounds"] > 1 else "",
                      "× DDP default": ratio_cell(p.get("vs_default")),
                      "× DDP same size": ratio_cell(p.get("vs_matched")),
-                     "comm. (ms)": fixed(p.get("comm_ms"), 1), "comm. share": percent(p.get("comm_share")),
+                     "comm. (ms)": fixed(p.get("comm_ms"), 1),
                      "wait (ms)": fixed(p.get("sync_wait_ms"), 1), "all-reduces (in bwd)": calls,
                      "SM clock (MHz)": clock_cell(p)})
     return pd.DataFrame(rows)

@@ -25,6 +25,11 @@ import pandas as pd
 from cs336sys.analysis.formatting import number
 
 ROUND = "round"
+# the settings that name a distributed point within its job (DDP, optimizer sharding, FSDP): its rounds are
+# pooled over everything else
+POINT_SETTINGS = ["size", "dtype", "compute_dtype", "variant", "bucket_size_mb", "unit", "series", "single_rank_proxy",
+                  "context_length", "batch_size"]
+ROUNDED = ("ddp_step", "sharding_memory", "fsdp_step")  # the experiments whose jobs run in rounds
 STEP_LISTS = ("step_ms", "sync_wait_step_ms")  # per-step lists pooled across rounds
 PEAKS = "peak"  # columns whose name holds this keep the highest round's value (memory)
 CLOCK_TOLERANCE_MHZ = 30.0  # two variants' median SM clocks further apart than this are said to differ
@@ -125,3 +130,13 @@ def clocks_differ(a: dict | pd.Series, b: dict | pd.Series, tolerance_mhz: float
     if not ca or not cb:
         return None
     return bool(abs(statistics.median(ca) - statistics.median(cb)) > tolerance_mhz)
+
+
+def with_rounds_pooled(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with the points of the experiments that run in rounds (`ROUNDED`) pooled, the rest as it is."""
+    if frame.empty or "problem" not in frame:
+        return frame
+    rounded = frame.problem.isin(ROUNDED)
+    if not rounded.any():
+        return frame
+    return pd.concat([frame[~rounded], pool_rounds(frame[rounded], POINT_SETTINGS)], ignore_index=True)

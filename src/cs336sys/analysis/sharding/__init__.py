@@ -32,7 +32,7 @@ from cs336sys.accounting import memory, questions
 from cs336sys.accounting.symbols import N, P
 from cs336sys.analysis.common import environment_summary, read_benchmark_tsv, results_frame
 from cs336sys.analysis.context import SectionContext
-from cs336sys.analysis.rounds import pool_rounds
+from cs336sys.analysis.rounds import with_rounds_pooled
 from cs336sys.analysis.sharding.fsdp import fsdp_proxy, fsdp_size, is_proxy
 from cs336sys.analysis.sharding.optimizer import optimizer_size
 from cs336sys.analysis.sharding.shared import STRATEGY, TARGETS, by_size, predict, steady_state_peak, unit_of_bytes
@@ -44,8 +44,6 @@ __all__ = ["STRATEGY", "ShardingContext", "build", "forward_gathers_verdict", "g
            "steady_state_peak"]
 
 EXPERIMENT_NAMES = ("sharding_memory", "fsdp_step", "fsdp_trace")
-# the settings that name a point within its job (its interleaved rounds are pooled over the rest)
-POINT = ["size", "variant", "dtype", "compute_dtype", "unit", "single_rank_proxy", "context_length", "batch_size"]
 MIN_ROUNDS = 3  # a ratio the summary judges comes from a job of at least this many rounds
 
 
@@ -91,8 +89,7 @@ def build(paths: list[Path], out: Path, **_: object) -> ShardingContext:
         return ctx
     targets: list[dict] = []
     u = ctx.unit = unit_of_bytes(frame)
-    pooled = pool_rounds(frame[frame.problem.isin(["sharding_memory", "fsdp_step"])], POINT)
-    frame = pd.concat([frame[~frame.problem.isin(["sharding_memory", "fsdp_step"])], pooled], ignore_index=True)
+    frame = with_rounds_pooled(frame)  # each variant's interleaved rounds in one row (analysis.rounds)
     shard = frame[frame.problem == "sharding_memory"]
     if not shard.empty:
         ctx.opt = [optimizer_size(size, g, out, targets, u) for size, g in by_size(shard)]
@@ -120,14 +117,17 @@ def _summary(targets: list[dict]) -> list[dict]:
                   and (t.get("spread") or {}).get("rounds", 1) >= MIN_ROUNDS]
         if not judged:
             continue
-        said = [f"{t['size']} on {t['world']}: {t['value']:.2f}× ({t['spread']['lo']:.2f}–{t['spread']['hi']:.2f})"
-                for t in judged]
+        values = [t["value"] for t in judged]
+        said = [(f"{min(values):.2f}–{max(values):.2f}×" if len(values) > 1 else f"{values[0]:.2f}×")
+                + f" ({', '.join(sorted({t['size'] for t in judged}, key=len))}; "
+                + " and ".join(str(w) for w in sorted({t['world'] for t in judged})) + " GPUs)",
+                f"slowest round {max(t['spread']['hi'] for t in judged):.2f}×"]
         unit = ""
         if name == "fsdp_vs_fsdp2_bf16":
             unit = ", ours per block" if all("block" in t["what"] for t in judged) else ""
             layer = [t["layer_ratio"] for t in judged if t.get("layer_ratio") is not None]
             if layer:
-                said.append(f"per layer, the default unit: {min(layer):.2f}–{max(layer):.2f}×")
+                said.append(f"per layer (the default) {min(layer):.2f}–{max(layer):.2f}×")
         rows.append({"part": f"{part}{unit}, {judged[0]['spread']['rounds']} interleaved rounds",
                      "result": "; ".join(said), "target": f"≤ {judged[0]['limit']:.2f}× its step",
                      "met": all_of([t["ok"] for t in judged]), "ref": "shard-targets"})

@@ -200,10 +200,9 @@ def _dtype_rows(per: dict, dtype: str, pred: Predicted, u: dict) -> tuple[list[d
             time_rows.append({"compute": dtype, "variant": label, "step (ms)": e["status"]})
             continue
         time_rows.append({"compute": dtype, "variant": label,
-                          "step (ms)": cell(e["mean_ms"], 2), "std (ms)": cell(e["std_ms"], 2),
-                          "ours ÷ FSDP2 (rounds' range)": v_ratio,
+                          "step (ms)": cell(e["mean_ms"], 2), "÷ FSDP2": v_ratio,
                           "round means (ms)": ", ".join(f"{m:.1f}" for m in e["round_ms"]) if e["rounds"] > 1 else "",
-                          f"after init ({unit})": cell(e["after_init"]), f"peak ({unit})": cell(e["peak"]),
+                          f"peak ({unit})": cell(e["peak"]),
                           f"params ({unit})": cell(e["params"]), f"opt. state ({unit})": cell(e["state"])})
         saving_rows.append({"compute": dtype, "variant": label,
                             f"params pred. ({unit})": cell(pred.params / u["bytes"]),
