@@ -220,8 +220,10 @@ def wrap_blocks(model: TransformerLM, policies: list[str], backend: str | None =
 
 def build_pytorch_native_step(spec: LeaderboardSpec, device: str | torch.device, options: NativeOptions,
                               data_seed: int | None = None) -> PytorchNativeStep:
-    """FSDP2 needs a process group: ValueError without one. Every compile starts from dynamo's reset, so
-    a config's warm-up compiles its own graphs (a cold start) whatever ran before it in the process."""
+    """FSDP2 needs a process group: ValueError without one. Every build starts from dynamo's reset and
+    empty in-memory Inductor caches, so a config's warm-up compiles its own graphs (a cold start, as the
+    handout's 10 minutes count it) whatever ran before it in the process."""
+    from torch._inductor.utils import clear_inductor_caches
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not dist.is_initialized():
@@ -232,6 +234,7 @@ def build_pytorch_native_step(spec: LeaderboardSpec, device: str | torch.device,
     size = spec.model_size
     device = str(device)
     torch._dynamo.reset()
+    clear_inductor_caches()  # the graphs compiled for an earlier config stay in memory otherwise (fresh dirs or not)
     torch.manual_seed(spec.seed)
     model = build_model(size, spec.context_length, device=device, attention="sdpa")
     chunk_loss = torch.compile(_checkpointed_chunk_loss) if options.compile_blocks else _checkpointed_chunk_loss
