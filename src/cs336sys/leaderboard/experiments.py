@@ -20,7 +20,8 @@ What is measured, in order:
    middle between two counts of the agreed (slowest rank's) step time: every rank's estimate,
    within +-25% at one repetition, gives the same count. The values used are reported.
 4. Peak allocated memory per rank over the timed steps (the allocator's high-water mark); MFU =
-   flops_per_step / step time / (world size x `peak_tflops`) when a peak is given.
+   flops_per_step / step time / (world size x `peak_tflops`) when a peak is given. `flops_per_step`
+   counts attention in full (PaLM's convention); the report gives the causal count beside it.
 5. One profiled step (`record_trace` with the phases annotated), this rank's trace reduced by
    `summarize_timeline`: per-phase device extent and host time, and the communication time during
    which no compute ran (`communication_us - communication_overlapped_us`).
@@ -66,7 +67,7 @@ class LeaderboardSettings:
     compute_dtype: str = "bf16"
     """Dtype the parameters are gathered and computed in: bf16 | fp32; master weights and grads fp32."""
     attention: str = "flash"
-    """Ours only: flash | flash_tuned | gluon (Hopper) | sdpa | naive; the baseline always uses sdpa."""
+    """Ours only: flash | flash_tuned | gluon (Hopper) | sdpa | naive; PyTorch's variants always use sdpa."""
     checkpoint_blocks: int | str | tuple[int, ...] = "all"
     """Ours and pytorch_native: blocks checkpointed: "all" | "none" | k (the first k) | a tuple of block indices."""
     reshard_after_forward: bool = True
