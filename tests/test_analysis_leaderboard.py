@@ -338,13 +338,13 @@ ENTRY = {"attention": "gluon", "fused_elementwise": True, "keep_attention": True
 
 
 def _native_results(root: Path, entry_ms: float, matched_ratio: float) -> list[Path]:
-    """Our entry beside PyTorch's parts (job gluon) and beside three PyTorch-native points (job native): two
-    within 10 % of the entry's 120 GiB (the faster at `matched_ratio` x the entry's time), one far below it
-    and faster still."""
+    """Our entry beside PyTorch's parts (job gluon) and, a little faster, beside three PyTorch-native points
+    (job native): two within 10 % of the entry's 120 GiB (the faster at `matched_ratio` x the entry's time),
+    one far below it and faster still."""
     native = {"variant": "pytorch_native", "checkpoint_saves": "attention"}
     return [_point(root, "pytorch_parts", entry_ms * 1.4, job="gluon", variant="pytorch_parts", peak_gib=72.0),
             _point(root, "ours_entry", entry_ms, job="gluon", peak_gib=120.0, **ENTRY),
-            _point(root, "ours_entry", entry_ms * 1.01, job="native", peak_gib=120.0, **ENTRY),
+            _point(root, "ours_entry", entry_ms * 0.99, job="native", peak_gib=120.0, **ENTRY),
             _point(root, "native_near", entry_ms * matched_ratio, job="native", peak_gib=125.0,
                    checkpoint_blocks=24, **native),
             _point(root, "native_slow", entry_ms * (matched_ratio + 0.1), job="native", peak_gib=110.0,
@@ -359,15 +359,18 @@ def test_the_memory_matched_pytorch_native_step_gives_the_one_ratio_verdict(tmp_
     both from the job that timed them together; the summary, the section and the README's sentence say the
     one verdict on it."""
     entry_ms = random.uniform(4500.0, 4900.0)
-    ratio = random.uniform(1.16, 1.4) if met else random.uniform(0.9, 1.14)
+    ratio = random.uniform(1.15, 1.4) if met else random.uniform(0.9, 1.13)
     (tmp_path / "out").mkdir()
     ctx = leaderboard.build(_native_results(tmp_path, entry_ms, ratio), tmp_path / "out", **GRID)
     n = ctx.native
     assert ctx.entry["config"] == "ours_entry" and n["config"] == "native_near" and n["job"] == "native"
-    assert n["speedup"] == pytest.approx(ratio / 1.01) and n["entry_s"] == pytest.approx(entry_ms * 1.01 / 1e3)
+    # the entry is reported from its job beside PyTorch's parts, not its faster run beside the native points
+    assert ctx.entry["job"] == "gluon" and ctx.entry["other_runs"] == [
+        {"job": "native", "step_s": pytest.approx(entry_ms * 0.99 / 1e3)}]
+    assert n["speedup"] == pytest.approx(ratio / 0.99) and n["entry_s"] == pytest.approx(entry_ms * 0.99 / 1e3)
     matched = {p["config"]: p["matched"] for p in ctx.natives}  # 125 and 110 GiB are within 10 % of 120
     assert matched == {"native_near": True, "native_slow": True, "native_far": False}
-    met_now = ratio / 1.01 >= 1.15
+    met_now = ratio / 0.99 >= 1.15
     assert ctx.verdicts["native_speedup"]["met"] is met_now and ctx.summary[1]["met"] is met_now
     assert f"{n['speedup']:.2f}× its speed (job native" in ctx.summary[1]["result"]
     text = _render(ctx, tmp_path / "report")

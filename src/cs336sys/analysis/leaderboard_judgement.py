@@ -81,12 +81,18 @@ def own_attention(row: dict) -> bool:
 
 def entry_point(rows: list[dict], floor_s: float | None) -> dict | None:
     """Our leaderboard entry: the fastest config that uses only our own kernels, with what it was timed
-    beside (PyTorch's parts, or `ours`, in the same job)."""
+    beside (PyTorch's parts, or `ours`, in the same job). A config timed in several jobs (beside PyTorch's
+    parts, beside the PyTorch-native points) is reported from the first job that has PyTorch's parts, not
+    from its fastest run; its other runs are listed (`other_runs`)."""
     ok = [r for r in rows if r["status"] == "ok" and own_attention(r)]
     if not ok:
         return None
-    entry = min(ok, key=lambda r: r["step_s"])
-    out = against_baseline(entry, [r for r in rows if r["status"] == "ok"], floor_s)
+    every = [r for r in rows if r["status"] == "ok"]
+    runs = [r for r in ok if r["name"] == min(ok, key=lambda r: r["step_s"])["name"]]
+    with_parts = [r for r in runs if any(b["job"] == r["job"] and b["variant"] == "pytorch_parts" for b in every)]
+    entry = (with_parts or sorted(runs, key=lambda r: r["step_s"]))[0]
+    out = against_baseline(entry, every, floor_s)
+    out["other_runs"] = [{"job": r["job"], "step_s": r["step_s"]} for r in runs if r is not entry]
     same = next((r for r in rows if r["status"] == "ok" and r["job"] == entry["job"] and r["name"] == "ours"
                  and r is not entry), None)
     if same is not None:
