@@ -253,11 +253,19 @@ def test_the_section_reads_cleanly_as_a_pdf(tmp_path):
     from cs336sys import report
 
     ours_ms = random.uniform(3500.0, 6000.0)
+    entry = "ours_gluon_fused_keep_attention_checkpoint_24"  # the grid's long names, in their tables
+    native = {"variant": "pytorch_native", "checkpoint_saves": "attention", "peak_gib": 118.0}
     paths = [_point(tmp_path, "pytorch_parts", ours_ms * 1.3, variant="pytorch_parts"),
              _point(tmp_path, "ours", ours_ms),
              _point(tmp_path, "ours", ours_ms, job="ablation"),
              _point(tmp_path, "ours_keep_gathered", ours_ms * 0.97, job="ablation", reshard_after_forward=False),
-             _point(tmp_path, "ours_sdpa", ours_ms * 1.05, job="ablation", attention="sdpa")]
+             _point(tmp_path, "ours_sdpa", ours_ms * 1.05, job="ablation", attention="sdpa"),
+             _point(tmp_path, entry, ours_ms * 0.9, peak_gib=120.0, **ENTRY),
+             _point(tmp_path, entry, ours_ms * 0.91, job="native_matmuls", peak_gib=120.0, **ENTRY),
+             _point(tmp_path, "pytorch_native_attention_matmuls_15", ours_ms * 1.1, job="native_matmuls",
+                    matmul_blocks=15, **native),
+             _point(tmp_path, "pytorch_native_attention_checkpoint_24", ours_ms * 1.2, job="native_matmuls",
+                    checkpoint_blocks=24, **native)]
     out = tmp_path / "out"
     out.mkdir()
     ctx = leaderboard.build(paths, out, **GRID)
@@ -266,7 +274,8 @@ def test_the_section_reads_cleanly_as_a_pdf(tmp_path):
     report.render_pdf(tmp_path / "report" / "writeup" / "report.md", pdf)
     read = layout.read_layout(pdf)
     md = (tmp_path / "report" / "writeup" / "report.md").read_text()
-    assert len(read.tables) == md.count("**Table ")  # summary, entry, ablation, index, the appendix's
+    assert "tbl-lb-native-points" in md  # the PyTorch-native points' table, with the grid's long names
+    assert len(read.tables) == md.count("**Table ")  # summary, entry, native, ablation, index, the appendix's
     assert layout.layout_problems(read, report.MARGIN_X_CM / 2.54 * 72) == []
 
 
