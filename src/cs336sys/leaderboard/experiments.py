@@ -132,7 +132,7 @@ class LeaderboardSettings:
                                ce_chunk_tokens=self.ce_chunk_tokens, seed=self.seed,
                                world_size=REQUIRED_WORLD_SIZE)
 
-    def native_options(self):
+    def native_options(self) -> NativeOptions:  # noqa: F821  (imported here: the proxy imports this module)
         """The PyTorch-native step's own settings (`cs336sys.leaderboard.native.NativeOptions`)."""
         from cs336sys.leaderboard.native import NativeOptions
 
