@@ -218,6 +218,7 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
         palm = train_step_flops(st["size"], batch, st["context_length"])  # attention counted in full
         step_s = m["median_ms"] / 1e3
         row.update(step_s=step_s, std_s=m.get("std_ms", 0.0) / 1e3, do_bench_s=(m.get("do_bench_ms") or math.nan) / 1e3,
+                   do_bench_calls=(m.get("do_bench") or {}).get("timed_calls"),
                    peak_gib=(m.get("max_peak_bytes") or math.nan) / GIB, wall_s=m.get("wall_s_to_end_of_timing"),
                    tflops_per_gpu=flops / step_s / world / 1e12,
                    mfu=flops / step_s / (world * peak_tflops * 1e12) if peak_tflops else None,

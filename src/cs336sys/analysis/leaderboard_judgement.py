@@ -18,7 +18,8 @@ def against_baseline(row: dict, ok: list[dict], floor_s: float | None) -> dict:
     out = {"job": row["job"], "config": row["name"], "setup": row["setup"], "step_s": row["step_s"],
            "step_ok": row["step_s"] <= TARGET_STEP_S, "to_target_s": row["step_s"] - TARGET_STEP_S,
            "wall_s": row["wall_s"], "wall_ok": row["wall_s"] is not None and row["wall_s"] <= TARGET_WALL_S,
-           "peak_gib": row["peak_gib"], "do_bench_s": None if math.isnan(row["do_bench_s"]) else row["do_bench_s"]}
+           "peak_gib": row["peak_gib"], "do_bench_s": None if math.isnan(row["do_bench_s"]) else row["do_bench_s"],
+           "do_bench_calls": row.get("do_bench_calls")}
     if floor_s:
         out["over_floor"] = row["step_s"] / floor_s
     base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == row["job"]), None)
