@@ -285,7 +285,7 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     if ctx.entry is not None and ctx.native is None:
         ctx.limitations.append(
             "The memory-matched PyTorch-native step (PyTorch's own parts given our entry's memory) "
-            + ("is not measured yet: the ratio of our entry to it, the headline comparison, waits for 2 GPUs "
+            + ("is not measured yet: the ratio of our entry to it, the headline comparison, waits for the GPUs "
                "(config/next.yaml)." if not ctx.natives else
                f"was not found: no PyTorch-native point came within {ctx.targets['memory_match_pct']:.0f} % of "
                "the entry's peak, so the headline ratio is not given."))
