@@ -130,12 +130,14 @@ def test_the_summary_and_limitations_name_the_host_the_results_ran_on(tmp_path):
         r = read_result(path)
         r["env"].update(gpu=None, gpus=[], device="cpu", cuda=None, gpu_count=0, backend="gloo")
         write_json_atomic(path, r)
-    ctx = leaderboard.build(cpu, tmp_path / "cpu", **(GRID | tiny))
+    ctx = leaderboard.build(cpu, tmp_path / "cpu", **(GRID | tiny | {"peak_tflops": None}))  # as the smoke grid
     assert [r["part"] for r in ctx.summary] == ["tiny step, our entry: our kernels only (CPU, 2 gloo processes)",
                                                  "tiny step, our entry against PyTorch's own step at its memory "
                                                  "(same job)"]
     assert "H200" not in json.dumps(ctx.summary) + " ".join(ctx.limitations)
     assert "timed on the CPU (2 gloo processes): a check of the pipeline" in ctx.limitations[0]
+    text = _render(ctx, tmp_path / "cpu" / "report")  # no peak on the CPU: no MFU, the rest as on the GPUs
+    assert "MFU" not in text.split("### ")[1] and "MFU is" not in text
 
 
 def test_a_job_without_ours_gives_the_best_config_and_the_gap(tmp_path):
