@@ -207,3 +207,58 @@ def test_attention_forward_is_kept_through_the_checkpoint(attention, op):
         counts[keep] = counter.counts[op]
     layers = SMALL_D128.num_layers
     assert counts == {True: layers, False: 2 * layers}
+
+
+def _native_against_plain_model(info, seed: int) -> dict:
+    """One rank: the PyTorch-native step (compiled, cuDNN's SDPA, bf16 compute, every block policy but
+    "recompute") for three steps against the plain model in fp32 with torch's AdamW on the global batch;
+    the kernels of a fourth step, profiled."""
+    from cs336sys.leaderboard.native import NativeOptions, build_pytorch_native_step, plain_name
+
+    rank, world = info.rank, info.world_size
+    device = f"cuda:{rank}"
+    spec = LeaderboardSpec(size=SMALL_D128, context_length=SEQ, batch_per_rank=1, compute_dtype="bf16",
+                           attention="sdpa", checkpoint_blocks=2, ce_chunk_tokens=128, seed=seed, world_size=world)
+    step = build_pytorch_native_step(spec, device, NativeOptions(checkpoint_saves="attention", matmul_blocks=1))
+    torch.manual_seed(seed)
+    reference = build_model(SMALL_D128, SEQ, device=device, attention="sdpa")
+    start = {name: p.detach().clone() for name, p in reference.named_parameters()}
+    opt_ref = torch.optim.AdamW(reference.parameters(), lr=spec.lr, eps=spec.eps, weight_decay=spec.weight_decay)
+    gen = torch.Generator().manual_seed(seed + 1)
+    loss_err = 0.0
+    for _ in range(3):
+        tokens, targets = (torch.randint(0, SMALL_D128.vocab_size, (world, SEQ), generator=gen).to(device)
+                           for _ in range(2))
+        opt_ref.zero_grad()
+        ref_loss = cross_entropy(reference(tokens), targets)
+        ref_loss.backward()
+        opt_ref.step()
+        step.tokens, step.targets = tokens[rank:rank + 1], targets[rank:rank + 1]
+        loss = step.run().float()
+        if world > 1:
+            torch.distributed.all_reduce(loss)
+        loss_err = max(loss_err, abs(loss.item() / world - ref_loss.item()) / ref_loss.item())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step.run()
+        torch.cuda.synchronize()
+    full = {plain_name(n): p.full_tensor() for n, p in step.module.named_parameters()}
+    with torch.no_grad():
+        diff = sum(((full[name].float() - p) ** 2).sum() for name, p in reference.named_parameters())
+        update = sum(((p - start[name]) ** 2).sum() for name, p in reference.named_parameters())
+    return {"loss_err": loss_err, "update_err": (diff / update).sqrt().item(), "policies": step.policies,
+            "cudnn_sdpa_kernels": sum("sdpa" in e.key.lower() and "cudnn" in e.key.lower()
+                                      for e in prof.key_averages())}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_pytorch_native_step_in_bf16_matches_the_plain_model(world):
+    """Compiled blocks under selective checkpointing, cuDNN's attention, FSDP2 in bf16 with fp32 reductions:
+    the bounds of the step's own bf16 test above; and the profiled step ran cuDNN's attention kernels."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs ({torch.cuda.device_count()} visible)")
+    seed = _seed()
+    for rank, r in enumerate(spawn(_native_against_plain_model, world, seed, device="cuda", timeout_s=600)):
+        assert r["policies"] == ["save_attention", "save_matmuls", "kept"]
+        assert r["loss_err"] < 2e-2, f"rank {rank}: loss off by {r['loss_err']:.3g}"
+        assert r["update_err"] < 0.15, f"rank {rank}: updates off by {r['update_err']:.3g} of their size"
+        assert r["cudnn_sdpa_kernels"] > 0, "SDPA did not run cuDNN's kernels"

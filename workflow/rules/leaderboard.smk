@@ -10,11 +10,10 @@ _proxy = LB.get("proxy") or {"configs": {}}
 
 def _check_checkpoint_blocks(where, configs, model, layers):
     for name, config in configs.items():
-        k = config.get("checkpoint_blocks")
-        if isinstance(k, int) and not 0 <= k <= layers:
-            raise ValueError(
-                f"{where}.{name}: checkpoint_blocks {k} is not a number of blocks of {model} (0..{layers})"
-            )
+        for key in ("checkpoint_blocks", "matmul_blocks"):  # matmul_blocks: of the checkpointed (pytorch_native)
+            k = config.get(key)
+            if isinstance(k, int) and not 0 <= k <= layers:
+                raise ValueError(f"{where}.{name}: {key} {k} is not a number of blocks of {model} (0..{layers})")
 
 
 LB_SIZE = setting("leaderboard_step", LB, "size")

@@ -1,13 +1,13 @@
 """The leaderboard section's judgements across its points: each of ours against PyTorch's parts in its
-own job and against the targets, the verdict on ours as built and the gap, the best point and our
-entry, the ablation of each optimisation, the headline table's rows."""
+own job (a ratio; the targets are `leaderboard_verdicts`'), ours as built and the gap, our entry, the
+ablation of each optimisation, the headline table's rows."""
 
 from __future__ import annotations
 
-TARGET_STEP_S = 5.0  # the project's leaderboard issue: step <= 5.0 s on 2 H200s
-# ... i.e. at least 1.35x faster than PyTorch's parts in the same job (their 6.73-6.78 s over 5.0 s)
-TARGET_SPEEDUP = 1.35
-TARGET_WALL_S = 600.0  # the handout: from an empty cache, the timing run within 10 minutes
+import math
+
+from cs336sys.analysis.leaderboard_verdicts import TARGET_STEP_S, TARGET_WALL_S, attention_label
+
 # A step is called bound by compute when no more than this share of it is communication that no
 # compute hid (in ours and in PyTorch's parts).
 COMPUTE_BOUND_EXPOSED_SHARE = 0.05
@@ -18,13 +18,13 @@ def against_baseline(row: dict, ok: list[dict], floor_s: float | None) -> dict:
     out = {"job": row["job"], "config": row["name"], "setup": row["setup"], "step_s": row["step_s"],
            "step_ok": row["step_s"] <= TARGET_STEP_S, "to_target_s": row["step_s"] - TARGET_STEP_S,
            "wall_s": row["wall_s"], "wall_ok": row["wall_s"] is not None and row["wall_s"] <= TARGET_WALL_S,
-           "peak_gib": row["peak_gib"]}
+           "peak_gib": row["peak_gib"], "do_bench_s": None if math.isnan(row["do_bench_s"]) else row["do_bench_s"],
+           "do_bench_calls": row.get("do_bench_calls")}
     if floor_s:
         out["over_floor"] = row["step_s"] / floor_s
     base = next((r for r in ok if r["variant"] == "pytorch_parts" and r["job"] == row["job"]), None)
     if base is not None:
-        out.update(base_s=base["step_s"], base_peak_gib=base["peak_gib"], speedup=base["step_s"] / row["step_s"],
-                   speedup_ok=base["step_s"] / row["step_s"] >= TARGET_SPEEDUP)
+        out.update(base_s=base["step_s"], base_peak_gib=base["peak_gib"], speedup=base["step_s"] / row["step_s"])
     return out
 
 
@@ -38,19 +38,6 @@ def verdict_of(rows: list[dict], floor_s: float | None) -> dict | None:
     if ours is None:
         return None
     return against_baseline(ours, ok, floor_s)
-
-
-def best_point(rows: list[dict], floor_s: float | None) -> dict | None:
-    """The fastest config of ours that was timed in a job with PyTorch's parts, when it is not `ours`."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    with_base = {r["job"] for r in ok if r["variant"] == "pytorch_parts"}
-    candidates = [r for r in ok if r["variant"] == "ours" and r["job"] in with_base]
-    if not candidates:
-        return None
-    best = min(candidates, key=lambda r: r["step_s"])
-    if best["name"] == "ours":
-        return None
-    return against_baseline(best, ok, floor_s)
 
 
 def gap_to_baseline(rows: list[dict], verdict: dict | None) -> dict | None:
@@ -97,33 +84,41 @@ def own_attention(row: dict) -> bool:
 
 def entry_point(rows: list[dict], floor_s: float | None) -> dict | None:
     """Our leaderboard entry: the fastest config that uses only our own kernels, with what it was timed
-    beside (PyTorch's parts, or `ours`, in the same job)."""
+    beside (PyTorch's parts, or `ours`, in the same job). A config timed in several jobs (beside PyTorch's
+    parts, beside the PyTorch-native points) is reported from the first job that has PyTorch's parts, not
+    from its fastest run; its other runs are listed (`other_runs`)."""
     ok = [r for r in rows if r["status"] == "ok" and own_attention(r)]
     if not ok:
         return None
-    entry = min(ok, key=lambda r: r["step_s"])
-    out = against_baseline(entry, [r for r in rows if r["status"] == "ok"], floor_s)
+    every = [r for r in rows if r["status"] == "ok"]
+    runs = [r for r in ok if r["name"] == min(ok, key=lambda r: r["step_s"])["name"]]
+    with_parts = [r for r in runs if any(b["job"] == r["job"] and b["variant"] == "pytorch_parts" for b in every)]
+    entry = (with_parts or sorted(runs, key=lambda r: r["step_s"]))[0]
+    out = against_baseline(entry, every, floor_s)
+    out["other_runs"] = [{"job": r["job"], "step_s": r["step_s"]} for r in runs if r is not entry]
     same = next((r for r in rows if r["status"] == "ok" and r["job"] == entry["job"] and r["name"] == "ours"
                  and r is not entry), None)
     if same is not None:
         out.update(ours_s=same["step_s"], vs_ours=entry["step_s"] / same["step_s"])
-    out["mfu"] = entry.get("mfu")
-    out["host"] = entry["host"]["label"]
+    out.update(mfu=entry.get("mfu"), mfu_palm=entry.get("mfu_palm"), host=entry["host"]["label"],
+               attention=attention_label(entry))
     return out
 
 
-def headline_rows(rows: list[dict], verdict: dict | None, entry: dict | None, best: dict | None) -> list[dict]:
-    """The headline table's rows: PyTorch's parts and ours as built (one job), our entry, the fastest
-    ablation; each once, each against PyTorch's parts in its own job."""
+def headline_rows(rows: list[dict], verdict: dict | None, entry: dict | None, fastest: dict | None,
+                  native: dict | None) -> list[dict]:
+    """The headline table's rows, each once: PyTorch's parts and ours as built (one job), our entry, the
+    fastest config of any attention, the memory-matched PyTorch-native step and the entry in its job; each
+    against PyTorch's parts in its own job where they ran there."""
     picks = []
-    for pick, role in ((verdict and ("main", "pytorch_parts"), "baseline"),
+    for pick, role in ((verdict and (verdict["job"], "pytorch_parts"), "PyTorch's parts (reference)"),
                        (verdict and (verdict["job"], verdict["config"]), "ours as built"),
                        (entry and (entry["job"], entry["config"]), "our entry"),
-                       (best and (best["job"], best["config"]), "ablation, cuDNN attention")):
+                       (fastest and (fastest["job"], fastest["config"]), "fastest, any attention"),
+                       (native and (native["job"], entry["config"]), "our entry"),
+                       (native and (native["job"], native["config"]), "PyTorch-native, memory-matched")):
         if pick and not any(p[0] == pick for p in picks):
             picks.append((pick, role))
-    if verdict is not None:
-        picks[0] = ((verdict["job"], "pytorch_parts"), picks[0][1])
     head = []
     for (job, name), role in picks:
         r = next((r for r in rows if r["job"] == job and r["name"] == name and r["status"] == "ok"), None)
@@ -131,7 +126,8 @@ def headline_rows(rows: list[dict], verdict: dict | None, entry: dict | None, be
             continue
         base = next((b for b in rows if b["job"] == job and b["variant"] == "pytorch_parts" and b["status"] == "ok"),
                     None)
-        head.append({"config": name, "role": role, "step (s)": r["step_s"],
+        head.append({"config": name, "role": f"{role}; job {job}", "step (s)": r["step_s"],
                      "× PyTorch's parts": f"{base['step_s'] / r['step_s']:.3f}" if base else "not in its job",
-                     "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None})
+                     "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None,
+                     "PaLM's MFU (%)": 100 * r["mfu_palm"] if r.get("mfu_palm") else None})
     return head

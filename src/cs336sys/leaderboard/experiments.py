@@ -2,6 +2,8 @@
 
     run_leaderboard_point(LeaderboardSettings(variant="ours"), run)           # on both ranks
     run_leaderboard_point(LeaderboardSettings(variant="pytorch_parts"), run)  # the baseline
+    run_leaderboard_point(LeaderboardSettings(variant="pytorch_native", checkpoint_blocks=24,
+                                              checkpoint_saves="attention"), run)  # PyTorch's parts, memory-matched
 
 What is measured, in order:
 1. The wall clock starts; TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR point at fresh temporary
@@ -9,14 +11,17 @@ What is measured, in order:
    Triton compile (the leaderboard counts a cold start; a warm on-disk cache would hide it).
 2. Build (peak memory of the build read separately), `warmup` untimed steps, then `steps` timed
    steps: each bracketed by a CUDA synchronisation and timed on the host clock, per rank; a
-   step's time is the maximum over the ranks (the step is done when the slower rank is).
+   step's time is the maximum over the ranks (the step is done when the slower rank is). The
+   seconds the build and the warm-up took are recorded (`build_s`, `warmup_s`: the warm-up holds
+   every compile, Triton's and, for the PyTorch-native step, Inductor's).
 3. `triton.testing.do_bench(step.run)` on CUDA. do_bench picks its warm-up and repetition counts
    from its own estimate of one call, separately on each rank; two ranks choosing different counts
    would run different numbers of collectives and hang. So `rep` and `warmup` are moved to the
    middle between two counts of the agreed (slowest rank's) step time: every rank's estimate,
    within +-25% at one repetition, gives the same count. The values used are reported.
 4. Peak allocated memory per rank over the timed steps (the allocator's high-water mark); MFU =
-   flops_per_step / step time / (world size x `peak_tflops`) when a peak is given.
+   flops_per_step / step time / (world size x `peak_tflops`) when a peak is given. `flops_per_step`
+   counts attention in full (PaLM's convention); the report gives the causal count beside it.
 5. One profiled step (`record_trace` with the phases annotated), this rank's trace reduced by
    `summarize_timeline`: per-phase device extent and host time, and the communication time during
    which no compute ran (`communication_us - communication_overlapped_us`).
@@ -39,7 +44,11 @@ from cs336sys.jobs import Run
 from cs336sys.leaderboard.step import LeaderboardSpec
 from cs336sys.timing import summarize_ms, synchronize
 
-VARIANTS = ("ours", "pytorch_parts")
+VARIANTS = ("ours", "pytorch_parts")  # the one-GPU proxy's too
+# the 2-GPU step also runs PyTorch's parts memory-matched to our entry (cs336sys.leaderboard.native)
+STEP_VARIANTS = (*VARIANTS, "pytorch_native")
+# the settings only the PyTorch-native step reads (its NativeOptions), each at its default elsewhere
+NATIVE_ONLY = ("checkpoint_saves", "matmul_blocks", "compile_blocks", "reduce_dtype", "sdpa_backend")
 REQUIRED_WORLD_SIZE = 2
 MIN_TIMED_STEPS = 5
 
@@ -51,21 +60,32 @@ class LeaderboardSettings:
     context_length: int = 32768
     """Sequence length of each sample, in tokens."""
     variant: str = "ours"
-    """ours (our FSDP units and kernels) | pytorch_parts (FSDP2 and PyTorch's kernels: the baseline)."""
+    """ours (our FSDP units and kernels) | pytorch_parts (FSDP2 and PyTorch's kernels: the baseline) |
+    pytorch_native (PyTorch's parts with compile and a checkpoint policy: memory-matched to our entry)."""
     batch_per_rank: int = 1
     """Sequences per rank per step."""
     compute_dtype: str = "bf16"
     """Dtype the parameters are gathered and computed in: bf16 | fp32; master weights and grads fp32."""
     attention: str = "flash"
-    """Ours only: flash | flash_tuned | gluon (Hopper) | sdpa | naive; the baseline always uses sdpa."""
+    """Ours only: flash | flash_tuned | gluon (Hopper) | sdpa | naive; PyTorch's variants always use sdpa."""
     checkpoint_blocks: int | str | tuple[int, ...] = "all"
-    """Ours only: blocks checkpointed: "all" | "none" | k (the first k) | a tuple of block indices."""
+    """Ours and pytorch_native: blocks checkpointed: "all" | "none" | k (the first k) | a tuple of block indices."""
     reshard_after_forward: bool = True
     """Ours only: drop a unit's gathered parameters after its forward; gather again in backward."""
     fused_elementwise: bool = False
     """Ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels."""
     keep_attention: bool = False
     """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned, gluon) and do not recompute it."""
+    checkpoint_saves: str = "nothing"
+    """PyTorch-native only: what its checkpointed blocks save (selective checkpointing): nothing | attention."""
+    matmul_blocks: int = 0
+    """PyTorch-native only: the last this many checkpointed blocks also save every matrix product's output."""
+    compile_blocks: bool = True
+    """PyTorch-native only: torch.compile each block and the loss's chunk."""
+    reduce_dtype: str = "fp32"
+    """PyTorch-native only: the dtype FSDP2 reduce-scatters gradients in (MixedPrecisionPolicy): fp32 | bf16."""
+    sdpa_backend: str = "cudnn"
+    """PyTorch-native only: the one SDPA backend allowed on CUDA: cudnn | flash | efficient | math | any."""
     ce_chunk_tokens: int = 4096
     """Tokens per chunk of the LM head + cross-entropy (the full logits never exist)."""
     warmup: int = 2
@@ -86,8 +106,17 @@ class LeaderboardSettings:
     """Device kind: cuda (NCCL, one GPU per rank) | cpu (gloo); the grid's `device`."""
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"unknown variant {self.variant!r}; known: {', '.join(VARIANTS)}")
+        if self.variant not in STEP_VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; known: {', '.join(STEP_VARIANTS)}")
+        if self.variant == "pytorch_native":
+            self.native_options()  # its values checked here, before any job starts
+            if self.fused_elementwise or self.keep_attention:
+                raise ValueError("fused_elementwise and keep_attention are ours; the PyTorch-native step's policy is "
+                                 "checkpoint_blocks, checkpoint_saves and matmul_blocks")
+        else:
+            changed = [n for n in NATIVE_ONLY if getattr(self, n) != type(self).__dataclass_fields__[n].default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)}: settings of variant pytorch_native only, not {self.variant}")
         if self.steps < MIN_TIMED_STEPS:
             raise ValueError(f"steps must be at least {MIN_TIMED_STEPS}, got {self.steps}")
         if self.warmup < 0:
@@ -102,6 +131,12 @@ class LeaderboardSettings:
                                fused_elementwise=self.fused_elementwise, keep_attention=self.keep_attention,
                                ce_chunk_tokens=self.ce_chunk_tokens, seed=self.seed,
                                world_size=REQUIRED_WORLD_SIZE)
+
+    def native_options(self) -> NativeOptions:  # noqa: F821  (imported here: the proxy imports this module)
+        """The PyTorch-native step's own settings (`cs336sys.leaderboard.native.NativeOptions`)."""
+        from cs336sys.leaderboard.native import NativeOptions
+
+        return NativeOptions(**{name: getattr(self, name) for name in NATIVE_ONLY})
 
 
 def _require_group(run: Run) -> None:
@@ -126,6 +161,10 @@ def _build(settings: LeaderboardSettings, run: Run):
         from cs336sys.leaderboard.step import build_leaderboard_step
 
         return build_leaderboard_step(spec, run.device, data_seed=4000 + run.rank)
+    if settings.variant == "pytorch_native":
+        from cs336sys.leaderboard.native import build_pytorch_native_step
+
+        return build_pytorch_native_step(spec, run.device, settings.native_options(), data_seed=4000 + run.rank)
     from cs336sys.leaderboard.baseline import build_pytorch_parts_step
 
     return build_pytorch_parts_step(spec, run.device, data_seed=4000 + run.rank)
@@ -179,13 +218,16 @@ def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
     cuda = torch.device(run.device).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    built = time.perf_counter()
     step = _build(settings, run)
     synchronize(run.device)
     memory = {"build_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
               "after_init_allocated_bytes": torch.cuda.memory_allocated() if cuda else None}
+    warm = time.perf_counter()
     for _ in range(settings.warmup):
         step.run()
     synchronize(run.device)
+    seconds = {"build_s": warm - built, "warmup_s": time.perf_counter() - warm}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     times = []
@@ -203,7 +245,9 @@ def run_leaderboard_point(settings: LeaderboardSettings, run: Run) -> dict:
               "max_peak_bytes": max((r["peak_bytes"] or 0) for r in per_rank) if cuda else None,
               "ranks": per_rank, "world_size": run.world_size, "variant": settings.variant,
               "parameters": step.info["parameters"], "flops_per_step": step.info["flops_per_step"],
-              "compile_caches": caches}
+              "compile_caches": caches, **seconds}
+    if "block_policies" in step.info:  # the PyTorch-native step: what each block saves
+        result["block_policies"] = step.info["block_policies"]
     if cuda:
         import triton.testing
 
