@@ -349,7 +349,8 @@ def test_a_missed_target_is_set_against_the_pace_of_the_same_dtype(gpu_section, 
     assert note["flops_ratio"] == pytest.approx(train_step_flops("xl", 4, 512) / train_step_flops("2.7B", 4, 512))
     assert note["time_ratio"] == pytest.approx(400.0 / 300.0)
     text = render(ctx2, tmp_path / "report")
-    assert "xl, fp32, 2 ranks misses a target (bucketed)." in text and f"run at {note['tflops']:.0f} TFLOP/s per GPU" in text
+    assert "xl, fp32, 2 ranks misses a target (bucketed)." in text
+    assert f"run at {note['tflops']:.0f} TFLOP/s per GPU" in text
 
 
 def test_ddp_step_table_and_answers(gpu_section):
@@ -540,7 +541,8 @@ def test_the_section_builds_from_smoke_kind_results(tmp_path, cpu_timeline):
     assert "there are no NCCL results here, so it is not evaluated" in text
     assert "the fit is exact and tests nothing" in text
     assert "$w$ = unbounded with the same ranks), no interior optimum: one bucket is best" in text
-    assert "Why bucketing can fall short (tiny, fp32, 2 ranks)" in text and "This falls short of the expectation" in text
+    assert "Why bucketing can fall short (tiny, fp32, 2 ranks)" in text
+    assert "This falls short of the expectation" in text
     assert "NCCL ran with" not in text and "bf16 means autocast" not in text
 
 

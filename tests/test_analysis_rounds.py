@@ -8,12 +8,12 @@ import statistics
 
 import pandas as pd
 import pytest
+from test_analysis_ddp import H200_ENV, _write, build, inputs, render
 
 from cs336sys.analysis import ddp
 from cs336sys.analysis.ddp_scaling import ring_allreduce_ms, ring_factor
 from cs336sys.analysis.rounds import clocks_differ, paired_ratio, pool_rounds
 from cs336sys.analysis.verdicts import against_limit, all_of
-from test_analysis_ddp import H200_ENV, _write, build, inputs, render
 
 
 def _row(job: str, variant: str, rnd: int | None, steps: list[float], clock: float | None = None, **extra) -> dict:
@@ -35,7 +35,8 @@ def test_rounds_pool_into_one_point_with_each_rounds_mean():
     [p] = pool_rounds(frame, ["variant", "size"]).to_dict("records")
     every = [x for s in rounds for x in s]
     assert p["rounds"] == 3 and p["step_ms"] == every and p["job"] == "xl-ws2"
-    assert p["mean_ms"] == pytest.approx(statistics.fmean(every)) and p["std_ms"] == pytest.approx(statistics.stdev(every))
+    assert p["mean_ms"] == pytest.approx(statistics.fmean(every))
+    assert p["std_ms"] == pytest.approx(statistics.stdev(every))
     assert p["round_ms"] == pytest.approx([statistics.fmean(s) for s in rounds])
     assert p["round_clock_mhz"] == [1980.0, 1970.0, 1960.0] and p["peak_bytes"] == 102  # the highest round's peak
 
@@ -122,7 +123,7 @@ def test_a_ratio_whose_rounds_straddle_the_target_is_within_noise(tmp_path):
     assert four["bucketed"]["ok"] is True  # 215/220 .. 216/221: all of it within
     assert two["overlap"]["ok"] is True and four["overlap"]["ok"] is False  # 250/221 > 1.10 in every round
     [row] = [r for r in ctx.summary if r["part"].startswith("Bucketed DDP")]
-    assert row["met"] == "noise" and "xl bf16, 2 GPUs: 1.02×" in row["result"] and row["why"] is None
+    assert row["met"] == "noise" and "1.02× (xl bf16, 2 GPUs)" in row["result"] and row["why"] is None
     assert row["result"].endswith("slowest round 1.03×")
     [sc] = ctx.ddp_scaling
     assert sc["worlds"] == [2, 4] and sc["flat_comm_ms"] == pytest.approx({"2": 30.0, "4": 50.0})
@@ -152,7 +153,7 @@ def test_the_all_reduce_target_against_nccl_alone(tmp_path):
     by = {t["world"]: t for t in ctx.allreduce_targets}
     assert by[2]["reference_ok"] and not by[4]["reference_ok"]  # 4 ranks: 1.5 x 200 = 300 GB/s < 95 % of 340
     [row] = [r for r in ctx.summary if r["part"].startswith("NCCL")]
-    assert row["met"] is False and row["result"].endswith("(88 % and 99 % of NCCL alone)")
+    assert row["met"] is False and row["result"].endswith(": 88 % and 99 % of NCCL alone")
 
 
 # --- the sharding section on FSDP jobs measured in rounds ---------------------------------------------------
@@ -185,12 +186,13 @@ def test_fsdp_in_rounds_is_judged_on_its_best_unit_with_the_default_beside_it(tm
     assert [(f["size"], f["world"]) for f in ctx.fsdp] == [("xl", 2), ("xl", 4)]
     targets = {t["world"]: t for t in ctx.targets if t["target"] == "fsdp_vs_fsdp2_bf16"}
     assert targets[2]["ok"] is True and "block units" in targets[2]["what"]
-    assert targets[2]["spread"]["lo"] == pytest.approx(330 / 460) and targets[2]["spread"]["hi"] == pytest.approx(340 / 450)
+    assert targets[2]["spread"]["lo"] == pytest.approx(330 / 460)
+    assert targets[2]["spread"]["hi"] == pytest.approx(340 / 450)
     assert targets[4]["ok"] == "noise"  # 470/465 .. 500/470 straddles 1.05
     assert targets[2]["layer_ratio"] == pytest.approx(620 / 460)
     [row] = ctx.summary
     assert row["met"] == "noise" and "per layer (the default) 1.28–1.35×" in row["result"]
-    assert row["part"] == "Our FSDP against FSDP2, bf16 compute, ours per block, 3 interleaved rounds"
+    assert row["part"] == "Our FSDP against FSDP2, bf16, ours per block (3 rounds)"
     text = sh.render(ctx, tmp_path / "report")
     assert "| xl | 4 | step time at bf16 compute, ours with block units ÷ FSDP2 |" in text
     assert "within noise ≈" in text

@@ -412,7 +412,8 @@ def test_the_section_renders_from_gpu_results(gpu_section, tmp_path):
     _, ctx, out = gpu_section
     text = render(ctx, tmp_path)
     assert "CPU numbers" not in text and "No results yet" not in text
-    assert "on the CPU only the tensor sums" not in text and "the steady-state peak unsharded and with our sharded" in text
+    assert "on the CPU only the tensor sums" not in text
+    assert "the steady-state peak unsharded and with our sharded" in text
     assert "zero: `oom`" in text and "No ratio: one of the two did not run." in text
     assert "**Yes**: after the first, no layer of the forward waited" in text
     assert "not measured" in text and "✓" in text and "✗" in text

@@ -125,5 +125,5 @@ section(
     results_of("allreduce", "ddp_step", "ddp_trace")
     # each job's wall time: the grid's machine time (the host series' jobs are not the grid's)
     + [t for t in timings_of("allreduce", "ddp_step", "ddp_trace") if t not in HOST_TIMINGS],
-    extra={"allreduce_reference": AR.get("reference")},
+    extra={"allreduce_reference": AR.get("reference"), "pending": sorted(DDP_PENDING)},
 )

@@ -39,7 +39,8 @@ MIN_ROUNDS = 3  # a ratio the summary judges comes from a job of at least this m
 BACKEND_ORDER = ["nccl", "gloo"]
 
 
-def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None, **_: object) -> DDPContext:
+def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None, pending: list[str] | None = None,
+          **_: object) -> DDPContext:
     """The section's context: the all-reduce benchmark, the DDP steps, the traced steps, the grid's machine
     time and the summary."""
     frame = results_frame(paths)
@@ -70,6 +71,8 @@ def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None,
     missing = (ctx.allreduce_nccl_worlds or {}).get("missing")
     ctx.limitations = [f"The NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs was not run: no "
                        "machine with that many GPUs was lent."] if missing else []
+    if pending:  # grid jobs left out until measured (config: ddp.pending)
+        ctx.limitations.append(f"DDP jobs not run yet (GPU time ran out): {', '.join(pending)}.")
     return ctx
 
 
@@ -300,10 +303,10 @@ def _summary(ctx: DDPContext) -> list[dict]:
     if measured:
         refs = ctx.allreduce_reference or {}
         ts = sorted(measured, key=lambda t: -t["world"])
-        said = ", ".join(f"{t['busbw']:.0f} GB/s on {t['world']} GPUs" for t in ts)
+        said = ", ".join(f"{t['busbw']:.0f} GB/s ({t['world']} GPUs)" for t in ts)
         shares = [t["of_reference"] for t in ts if "of_reference" in t]
         if shares:
-            said += " (" + " and ".join(f"{100 * x:.0f} %" for x in shares) + " of NCCL alone)"
+            said += ": " + " and ".join(f"{100 * x:.0f} %" for x in shares) + " of NCCL alone"
         rows.append({"part": f"NCCL all-reduce, bus bandwidth at {ctx.allreduce_target_values['size']}",
                      "result": said, "target": f"≥ {100 * ALLREDUCE_REFERENCE_SHARE:.0f} % of NCCL alone" if refs
                      else None, "met": all_of([t.get("reference_ok") for t in ts]) if refs else None,
@@ -311,12 +314,12 @@ def _summary(ctx: DDPContext) -> list[dict]:
     limits = ctx.ddp_targets or {}
     judged = [j for j in ctx.ddp_jobs or [] if j["rounds"] >= MIN_ROUNDS and "ok" in j["targets"].get("bucketed", {})]
     if judged:
-        parts = [f"{j['size']} {j['dtype']}, {j['world_size']} GPUs: {j['targets']['bucketed']['ratio']:.2f}×"
+        parts = [f"{j['targets']['bucketed']['ratio']:.2f}× ({j['size']} {j['dtype']}, {j['world_size']} GPUs)"
                  for j in judged]
         parts.append(f"slowest round {max(j['targets']['bucketed']['hi'] for j in judged):.2f}×")
         met = all_of([j["targets"]["bucketed"]["ok"] for j in judged])
         missed = next((j for j in judged if j["targets"]["bucketed"]["ok"] is False), None)
-        rows.append({"part": f"Bucketed DDP against PyTorch's, {judged[0]['rounds']} interleaved rounds",
+        rows.append({"part": f"Bucketed DDP against PyTorch's DDP ({judged[0]['rounds']} rounds)",
                      "result": "; ".join(parts), "target": f"≤ {limits['bucketed_vs_torch']:.2f}× its step",
                      "met": met, "ref": "ddp-targets",
                      "why": None if missed is None else "the step is bound by the host, whose hook and launch work "

@@ -214,7 +214,7 @@ def _timeline_figure(summary: dict, exposure: dict, info: dict, out: Path) -> st
     firsts = sorted(g for g in exposure["_gathers"] if forward[0] <= g[0] <= forward[1])[:ZOOM_GATHERS]
     zoom = (forward[0] / 1e3, (max(e for _, e in firsts) if firsts else forward[1]) / 1e3)
     zoom = (zoom[0], zoom[1] + 0.05 * (zoom[1] - zoom[0]) + 1e-3)
-    height = 0.28 * len(rows) + 0.7
+    height = 0.24 * len(rows) + 0.6  # a lane's bar a quarter inch: the figure fits the page under its heading
     fig, axes = figure(2 * height + 0.5, 2, 1)
     for ax, (lo, hi), title in ((axes[0], (0.0, exposure["span_us"] / 1e3), "one step"),
                                 (axes[1], zoom, f"the forward's first {len(firsts)} all-gathers (events on any lane)")):
