@@ -4,7 +4,7 @@
     checkpoint(fn, x, use_reentrant=False, context_fn=keep_attention_context)
 
 `tuned_flash_attention`: our causal Triton FlashAttention-2 with the tiles tuned at the 8B's attention
-shape (32 heads, 32,768 tokens, d_head 128, bf16; `tools/flash_tune.py --phases lb26` on one H200,
+shape (32 heads, 32,768 tokens, d_head 128, bf16; `notes/runs/2026-11-23-h200/flash_tune.py --phases lb26` on one H200,
 notes/leaderboard.md): forward 256x64/w8/s3, backward kv64x128/q128x64/w8/s3 in two launches. They
 are used only for bf16 CUDA tensors with d_head 128; anything else takes the table's tiles
 (`cs336sys.attention.flash_configs`, which stays as every flash result was measured with). The
