@@ -43,7 +43,7 @@ def test_a_folder_lists_the_rules_with_files_in_it(wf):
     peak, fsdp = wf.which(["results/matmul_peak", "results/fsdp_step/"])
     assert peak["folder"] and [r["rule"] for r in peak["rules"]] == ["matmul_peak"]
     assert {r["experiment"] for r in fsdp["rules"]} == {"fsdp_step"}
-    assert {"fsdp_step_2_7B", "fsdp_step_2_7B_proxy"} <= {r["rule"] for r in fsdp["rules"]}
+    assert {"fsdp_step_2_7B_ws2", "fsdp_step_2_7B_proxy"} <= {r["rule"] for r in fsdp["rules"]}
 
 
 def test_sections_report_logs_and_timing_records_name_their_rule(wf):
