@@ -130,6 +130,25 @@ def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
     assert "grid" in text and "'huge' is not one of ['main', 'smoke', 'next', 'smoke+next']" in text
 
 
+def test_an_unknown_config_key_is_refused_naming_the_known_ones(repo_copy, tmp_path):
+    """A misspelt knob (`steps=ten` for the grid's warmup_sweep.steps) fails at parse time, from --config or
+    from a --configfile, naming it and the schema's top-level keys; the known keys still pass."""
+    import yaml
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert {"grid", "pins", "main", "next", "smoke"} <= set(schema["properties"])
+    from_file = tmp_path / "extra.yaml"
+    from_file.write_text(yaml.safe_dump({"grid": "main", "warmup_steps": 3}))
+    for args, key in ((("--config", "steps=ten"), "'steps'"), (("--configfile", str(from_file)), "'warmup_steps'")):
+        proc = snakemake(repo_copy, "writeup/report.pdf", "-n", *args, check=False)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and f"unknown config key(s) {key}" in text, text[-2000:]
+        assert f"the known top-level keys are {', '.join(schema['properties'])}" in text
+        assert "Nothing to be done" not in text
+    known = snakemake(repo_copy, "writeup/report.pdf", "-n", "--config", "pins=on", "grid=main", check=False)
+    assert known.returncode == 0, known.stderr[-2000:]
+
+
 def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
     bad = tmp_path / "bad.yaml"
     text = (repo_copy / "config" / "main.yaml").read_text()
