@@ -312,9 +312,22 @@ def make_smoke_grid(cwd: Path) -> None:
     print(f"smoke grid through Slurm: {summary}")
 
 
-@pytest.mark.slow(seconds=900 if SLURM_ALL else 480)
-def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
+@pytest.fixture(scope="module")
+def smoke_grid(repo_copy) -> Path:
+    """The copy with the whole smoke grid made in it: minutes, so a long check (tests/conftest.py)."""
     make_smoke_grid(repo_copy)
+    return repo_copy
+
+
+@pytest.fixture
+def smoke_jobs(tmp_path) -> Path:
+    """A fresh copy of the pipeline whose smoke-grid jobs the test runs for real: a long check."""
+    return copy_pipeline(tmp_path / "clone")
+
+
+@pytest.mark.slow(seconds=900 if SLURM_ALL else 480)
+def test_smoke_grid_reruns_exactly_what_changed(smoke_grid):
+    repo_copy = smoke_grid
     smoke = repo_copy / "smoke"
     assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
     smoke_report = (smoke / "writeup" / "report.md").read_text()
@@ -389,14 +402,14 @@ def _default_sigint() -> None:
 
 
 @pytest.mark.slow(seconds=40)
-def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(tmp_path):
+def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(smoke_jobs, tmp_path):
     """Two snakemake runs in one checkout: the second is refused with the lock message. Ctrl-C in the
     middle of a grid (one job finished, the next one running): the next dry run lists the interrupted job
     and those not started, none that finished, and they re-run without a manual unlock or cleanup."""
     import signal
     import time
 
-    repo = copy_pipeline(tmp_path / "clone")
+    repo = smoke_jobs
     gate = tmp_path / "gate"
     gate.mkdir()
     python = tmp_path / "gated-python"

@@ -1,0 +1,55 @@
+"""The two test commands split the tests between them by tests/conftest.py's rule: `pytest` (the fast suite)
+runs every test that needs no long fixture, `pytest -m long` the others, and no test is in both or neither.
+Checked on a fresh collection of the whole suite, so a new test is held to the rule when it lands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import LONG_FIXTURES, SUITES_ENV
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The long checks the issue names, by test: they must stay long (the rule finds them by their fixtures).
+MUST_BE_LONG = (
+    "tests/test_workflow.py::test_smoke_grid_reruns_exactly_what_changed",  # the smoke grid, the re-run contract
+    "tests/test_workflow.py::test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs",
+    "tests/test_slurm_profile.py::test_gpu_request_arrives_at_slurm[one]",  # the Slurm dispatch
+    "tests/test_slurm_profile.py::test_more_gpus_than_the_node_has_fails_fast",
+)
+
+
+def collect(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, dict]]:
+    """The test ids a `pytest --collect-only` with `args` selects, and every collected test's suite."""
+    dump = tmp_path / f"suites{len(list(tmp_path.iterdir()))}.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=REPO, env={**os.environ, SUITES_ENV: str(dump)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    selected = [line for line in proc.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+    return selected, json.loads(dump.read_text())
+
+
+def test_every_test_is_in_exactly_one_suite_by_the_rule(tmp_path):
+    fast, every = collect(tmp_path)
+    long = {t for t, v in every.items() if v["suite"] == "long"}
+    assert len(every) > 1000 and set(fast) | long == set(every) and not set(fast) & long
+    for test, v in every.items():  # the rule: long exactly when it asks for a long fixture
+        assert (v["suite"] == "long") == bool(LONG_FIXTURES.keys() & set(v["fixtures"])), test
+        assert v["marked"] == (v["suite"] == "long"), f"{test}: marked `long` by hand, not by the rule"
+    for test in MUST_BE_LONG:
+        assert every[test]["suite"] == "long", f"{test} is in the fast suite"
+    for fixture in LONG_FIXTURES:  # each fixture of the rule is one a test asks for (the rule is not dead)
+        assert any(fixture in v["fixtures"] for v in every.values()), f"no test asks for {fixture}"
+
+
+def test_minus_m_long_selects_the_long_checks_and_named_tests_run_whichever_suite(tmp_path):
+    named = MUST_BE_LONG[1]
+    selected, every = collect(tmp_path, "-m", "long", "tests/test_workflow.py", "tests/test_slurm_profile.py")
+    assert set(selected) == {t for t, v in every.items() if v["suite"] == "long"} and named in selected
+    selected, _ = collect(tmp_path, named)
+    assert selected == [named]  # asked for by name, a long check runs without -m long
