@@ -40,6 +40,7 @@ def test_every_test_is_in_exactly_one_suite_by_the_rule(tmp_path):
     assert len(every) > 1000 and set(fast) | long == set(every) and not set(fast) & long
     for test, v in every.items():  # the rule: long exactly when it asks for a long fixture
         assert (v["suite"] == "long") == bool(LONG_FIXTURES.keys() & set(v["fixtures"])), test
+        # the `long` marker, which `pytest -m long` selects by, is on exactly the long ones: none by hand
         assert v["marked"] == (v["suite"] == "long"), f"{test}: marked `long` by hand, not by the rule"
     for test in MUST_BE_LONG:
         assert every[test]["suite"] == "long", f"{test} is in the fast suite"
@@ -47,9 +48,7 @@ def test_every_test_is_in_exactly_one_suite_by_the_rule(tmp_path):
         assert any(fixture in v["fixtures"] for v in every.values()), f"no test asks for {fixture}"
 
 
-def test_minus_m_long_selects_the_long_checks_and_named_tests_run_whichever_suite(tmp_path):
+def test_a_long_check_named_on_the_command_line_runs_without_minus_m_long(tmp_path):
     named = MUST_BE_LONG[1]
-    selected, every = collect(tmp_path, "-m", "long", "tests/test_workflow.py", "tests/test_slurm_profile.py")
-    assert set(selected) == {t for t, v in every.items() if v["suite"] == "long"} and named in selected
-    selected, _ = collect(tmp_path, named)
-    assert selected == [named]  # asked for by name, a long check runs without -m long
+    selected, every = collect(tmp_path, named)
+    assert selected == [named] and every[named]["suite"] == "long"
