@@ -123,10 +123,21 @@ LONG_FIXTURES = {
     "smoke_grid": "the whole smoke grid made end to end in a copy of the pipeline (tests/test_workflow.py)",
     "smoke_jobs": "a copy of the pipeline whose smoke-grid jobs the test runs for real (tests/test_workflow.py)",
     "slurm_cluster": "a Slurm node that answers (.ci/slurm-smoke.sh brings one up; tests/test_slurm_profile.py)",
+    "rerun_copy": "a private copy of the pipeline where the test checks what Snakemake re-runs: the re-run contract",
 }
 LONG_COMMAND = "pytest -m long -n 2"
 SUITES_ENV = "CS336SYS_LIST_SUITES"  # a path: collection writes every test's suite there (tests/test_suites.py)
+SUITES = pytest.StashKey[tuple[dict, list]]()  # this session's: every test's suite, and the tests it runs
 FAST_TEST_BUDGET_S = 60.0  # a fast test slower than this is named in the summary: make it cheaper, or long
+
+
+@pytest.fixture
+def rerun_copy(tmp_path) -> Path:
+    """A fresh copy of the pipeline (as tests/test_workflow.py makes it) where the test checks what Snakemake
+    re-runs: a long check. A module may define its own (a git clone, say) under the same name."""
+    from test_workflow import copy_pipeline
+
+    return copy_pipeline(tmp_path / "clone")
 
 
 def is_long(item: pytest.Item) -> bool:
@@ -134,29 +145,43 @@ def is_long(item: pytest.Item) -> bool:
     return bool(LONG_FIXTURES.keys() & set(getattr(item, "fixturenames", ())))
 
 
-def _names_tests(config: pytest.Config) -> bool:
-    """Whether the command line names single tests (`file::test`): those run whichever suite they are in."""
-    return any("::" in str(arg) for arg in config.args)
+def _named(config: pytest.Config) -> list[tuple[Path, str]]:
+    """(file, test) of each test the command line names (`file::test`): those run whichever suite they are in."""
+    named = []
+    for arg in map(str, config.args):
+        if "::" in arg:
+            path, test = arg.split("::", 1)
+            named.append((Path(config.invocation_params.dir, path).resolve(), test))
+    return named
+
+
+def _is_named(item: pytest.Item, named: list[tuple[Path, str]]) -> bool:
+    test = item.nodeid.split("::", 1)[-1]
+    return any(item.path.resolve() == path and (test == name or test.startswith((name + "[", name + "::")))
+               for path, name in named)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m filter, which reads the `long` marker added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the long checks `long`; without -m (and without named tests) leave them out, so that the plain
-    command is the fast suite. Then the long tests first, the longest first (the rest keep their order):
+    """Mark the long checks `long`; without -m leave them out but those named (`file::test`), so that the
+    plain command is the fast suite. Then the long tests first, the longest first (the rest keep their order):
     `pytest -n 2` hands tests out two at a time (`--maxschedchunk=2` in pyproject), so each worker starts a
     long one at once and the short ones fill in after."""
     for item in items:
         if is_long(item):
             item.add_marker("long")
+    every = {i.nodeid: {"suite": "long" if is_long(i) else "fast", "marked": i.get_closest_marker("long") is not None,
+                        "fixtures": sorted(i.fixturenames)} for i in items}
     if path := os.environ.get(SUITES_ENV):
-        Path(path).write_text(json.dumps({i.nodeid: {"suite": "long" if is_long(i) else "fast",
-                                                     "marked": i.get_closest_marker("long") is not None,
-                                                     "fixtures": sorted(i.fixturenames)} for i in items}))
-    if not config.option.markexpr and not _names_tests(config):
-        long = [i for i in items if is_long(i)]
+        Path(path).write_text(json.dumps(every))
+    if not config.option.markexpr:
+        named = _named(config)
+        long = [i for i in items if is_long(i) and not _is_named(i, named)]
         if long:
             config.hook.pytest_deselected(items=long)
-            items[:] = [i for i in items if not is_long(i)]
+            left_out = set(map(id, long))
+            items[:] = [i for i in items if id(i) not in left_out]
+    config.stash[SUITES] = (every, [i.nodeid for i in items])  # tests/test_suites.py reads the plain command's
     items.sort(key=expected_seconds, reverse=True)  # stable, so the same order in every worker
 
 
@@ -171,7 +196,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """Say where the long checks are when they were left out, and name fast tests over the budget."""
-    if not config.option.markexpr and not _names_tests(config) and not config.option.collectonly:
+    if not config.option.markexpr and not config.option.collectonly:
         terminalreporter.write_line(f"the long checks (smoke grid end to end, re-run contract, Ctrl-C and locking, "
                                     f"Slurm dispatch) are left out of this command: {LONG_COMMAND}")
     for nodeid, seconds in sorted(_slow_fast_tests, key=lambda t: -t[1]):

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import LONG_FIXTURES, SUITES_ENV
+import pytest
+from conftest import LONG_FIXTURES, SUITES, SUITES_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -18,6 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 MUST_BE_LONG = (
     "tests/test_workflow.py::test_smoke_grid_reruns_exactly_what_changed",  # the smoke grid, the re-run contract
     "tests/test_workflow.py::test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs",
+    "tests/test_workflow.py::test_fresh_clone_with_committed_results_runs_no_experiment",  # the re-run contract
+    "tests/test_pins.py::test_a_pin_keeps_committed_results_across_a_code_change",
+    "tests/test_move_results.py::test_a_moved_result_folder_keeps_its_results_up_to_date",
     "tests/test_slurm_profile.py::test_gpu_request_arrives_at_slurm[one]",  # the Slurm dispatch
     "tests/test_slurm_profile.py::test_more_gpus_than_the_node_has_fails_fast",
 )
@@ -34,8 +38,19 @@ def collect(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, dict]]:
     return selected, json.loads(dump.read_text())
 
 
-def test_every_test_is_in_exactly_one_suite_by_the_rule(tmp_path):
-    fast, every = collect(tmp_path)
+def plain_command(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[list[str], dict[str, dict]]:
+    """What the plain `pytest` collects and runs: this session's own collection when it is that command (the
+    whole suite, no -m, -k or named tests), else a collection in a subprocess."""
+    config = request.config
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr \
+            and not config.option.keyword and not config.option.deselect:
+        every, selected = config.stash[SUITES]
+        return selected, every
+    return collect(tmp_path)
+
+
+def test_every_test_is_in_exactly_one_suite_by_the_rule(request, tmp_path):
+    fast, every = plain_command(request, tmp_path)
     long = {t for t, v in every.items() if v["suite"] == "long"}
     assert len(every) > 1000 and set(fast) | long == set(every) and not set(fast) & long
     for test, v in every.items():  # the rule: long exactly when it asks for a long fixture
@@ -50,5 +65,7 @@ def test_every_test_is_in_exactly_one_suite_by_the_rule(tmp_path):
 
 def test_a_long_check_named_on_the_command_line_runs_without_minus_m_long(tmp_path):
     named = MUST_BE_LONG[1]
-    selected, every = collect(tmp_path, named)
-    assert selected == [named] and every[named]["suite"] == "long"
+    selected, every = collect(tmp_path, "tests/test_workflow.py", named)
+    assert named in selected and every[named]["suite"] == "long"
+    assert MUST_BE_LONG[0] not in selected  # the file's other long check: not named, left out
+    assert {t for t, v in every.items() if v["suite"] == "fast"} <= set(selected)
