@@ -31,11 +31,25 @@ def experiment_hashes(reuse: bool = True) -> dict[str, str]:
     return dict(_BY_CONTENT[key])
 
 
+_PARSED: dict[tuple[str, bool, str], codehash.Module] = {}
+_parse = codehash._parse
+
+
+def _parse_once(path: Path, module: str, text: str) -> codehash.Module:
+    """codehash's parse of a module's text, once per text: parsing is most of a hash's time, a test edits one
+    file of the package, and a parsed Module is only read once made (the hashes are as computed afresh)."""
+    key = (module, path.name == "__init__.py", text)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path, module, text)
+    return _PARSED[key]
+
+
 @pytest.fixture
 def src_copy(tmp_path, monkeypatch):
     """A private copy of the package sources for hashing, so tests can edit them."""
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
+    monkeypatch.setattr(codehash, "_parse", _parse_once)
     monkeypatch.setenv(codehash.CACHE_ENV, str(tmp_path / "hash-cache"))
     codehash.clear_cache()
     yield tmp_path / "cs336sys"
