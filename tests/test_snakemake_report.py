@@ -160,6 +160,8 @@ def test_each_file_the_writeup_does_not_number_has_a_caption_of_its_own(tmp_path
     assert "does not describe yet" in render_caption(template, "mystery", "csv")
     numbered = {(i.section, i.file) for i in found}
     assert unnumbered.missing(dirs, numbered) == ["benchmarking/mystery.csv"]
+    # a size in a file name (2_7B) is named as the report names it
+    assert "for the 2.7B model" in unnumbered.description("sharding", "sharding_allocator_2_7B.csv")
 
 
 def test_every_committed_section_file_is_numbered_or_described():

@@ -14,6 +14,8 @@ import html
 import re
 from pathlib import Path
 
+from cs336sys.sizes import SIZES
+
 # (section, file name pattern) -> what the file holds; a pattern's groups fill {0}, {1}, ... of its text.
 UNNUMBERED: dict[tuple[str, str], str] = {
     ("benchmarking", r"all_points\.csv"):
@@ -40,11 +42,16 @@ UNNUMBERED: dict[tuple[str, str], str] = {
 }
 
 
+def _unslug(part: str) -> str:
+    """A model size as a file name spells it (2_7B) back as the report names it (2.7B)."""
+    return next((name for name in SIZES if re.sub(r"\W", "_", name) == part), part)
+
+
 def description(section: str, file: str) -> str | None:
     """What `UNNUMBERED` says the file holds, or None where it says nothing."""
     for (s, pattern), text in UNNUMBERED.items():
         if s == section and (m := re.fullmatch(pattern, file)):
-            return text.format(*m.groups())
+            return text.format(*map(_unslug, m.groups()))
     return None
 
 
