@@ -11,8 +11,8 @@
 #     completed holding a GPU exactly when its rule asks for one, and that the local rules did not go
 #     through Slurm (tools/slurm_smoke_check.py), before it checks the re-run contract on that grid
 #     (CS336SYS_SMOKE_VIA_SLURM=all instead of 1: the whole grid through Slurm).
-# CI runs its whole test suite inside (`.ci/slurm-smoke.sh pytest -n 2`, .ci/run), so the grid runs once,
-# beside the other tests. The default command runs only those two (about 14 min on 2 cores when the whole
+# CI runs its long checks inside (`.ci/slurm-smoke.sh python -m pytest -m long -n 2`, .ci/run), so the grid
+# runs once, beside the other long checks; the fast suite needs no cluster and runs before, outside it. The default command runs only those two (about 14 min on 2 cores when the whole
 # grid went through Slurm; less now, not measured).
 #
 # Environment: SLURM_SMOKE_TIMEOUT (s, default 3600) bounds the command; the SLURM_CI_* variables of
@@ -56,7 +56,7 @@ bash "$here/slurm-up.sh"
 mkdir -p "$STATE_DIR"
 
 if (($# == 0)); then
-    set -- "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_slurm_profile.py \
+    set -- "$PYTHON" -m pytest -q -p no:cacheprovider -m long tests/test_slurm_profile.py \
         tests/test_workflow.py::test_smoke_grid_reruns_exactly_what_changed
 fi
 log "running with the cluster up: $*"

@@ -57,14 +57,15 @@ def test_unknown_or_mistyped_settings_name_the_key():
 
 
 def test_cli_prints_a_summary_and_rejects_bad_input():
+    # the one run of `python -m cs336sys.bench` as a command; the rest call its main in this process
     ok = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--size", "tiny", "--context-length", "8",
                          "--steps", "2", "--warmup", "0", "--device", "cpu"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "ms" in ok.stdout and "TFLOP/s" in ok.stdout and "peak process RSS" in ok.stdout
     assert " 0.0 TFLOP/s" not in ok.stdout  # enough digits for small numbers
-    bad = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--size", "huge"], capture_output=True, text=True)
+    bad = bench_cli("--size", "huge", device=None)
     assert bad.returncode != 0 and "known sizes" in bad.stderr
-    helptext = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--help"], capture_output=True, text=True)
+    helptext = bench_cli("--help", device=None)
     assert "(default: 512)" in helptext.stdout and "(default: forward_backward)" in helptext.stdout
     options = re.split(r"\n  (?=-)", helptext.stdout.split("\noptions:\n")[1])
     twice = [o.split()[0] for o in options if o.count("default") > 1]
@@ -73,8 +74,7 @@ def test_cli_prints_a_summary_and_rejects_bad_input():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without a GPU")
 def test_cli_cuda_without_a_gpu_is_a_clear_error():
-    bad = subprocess.run([sys.executable, "-m", "cs336sys.bench", "--size", "tiny", "--device", "cuda"],
-                         capture_output=True, text=True)
+    bad = bench_cli("--size", "tiny", device="cuda")
     assert bad.returncode == 2 and "no CUDA GPU is visible" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -106,9 +106,23 @@ def test_backward_is_timed_alone_and_sums_with_the_forward():
     assert "phase_ms" not in forward
 
 
-def bench_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cs336sys.bench", "--device", "cpu", *args],
-                          capture_output=True, text=True, timeout=300)
+def bench_cli(*args: str, device: str | None = "cpu") -> subprocess.CompletedProcess:
+    """`python -m cs336sys.bench [--device DEVICE] ARGS` as its main runs it, in this process (a fresh
+    interpreter would spend seconds importing torch); its exit status and output as a command's."""
+    import contextlib
+    import io
+
+    from cs336sys.bench import cli
+
+    argv = [*(["--device", device] if device else []), *args]
+    out, err = io.StringIO(), io.StringIO()  # not terminals, as a command's captured output
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main(argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["python", "-m", "cs336sys.bench", *argv], code, out.getvalue(), err.getvalue())
 
 
 def test_cli_json_is_clean_and_states_the_batch():

@@ -1,3 +1,4 @@
+import hashlib
 import io
 import json
 import re
@@ -14,10 +15,33 @@ from cs336sys import codehash, registry
 RUNNER = "cs336sys.run"
 
 
-def experiment_hashes() -> dict[str, str]:
-    """Every registered experiment's code hash, as the workflow computes it."""
+_BY_CONTENT: dict[str, dict[str, str]] = {}  # sources' content -> every experiment's hash
+
+
+def experiment_hashes(reuse: bool = True) -> dict[str, str]:
+    """Every registered experiment's code hash, as the workflow computes it. A hash is a function of the
+    sources' content (the workflow's disk cache rests on that too), so a content seen before reuses its
+    hashes: every test starts from the same pristine copy, whose hashes are computed once. `reuse=False`
+    computes afresh (for the test that only touches files)."""
+    key = hashlib.sha256(b"".join(p.relative_to(codehash.SRC).as_posix().encode() + b"\0" + p.read_bytes() + b"\0"
+                                  for p in sorted(codehash.SRC.rglob("*.py")))).hexdigest()
     codehash.clear_cache()
-    return {name: codehash.code_hash(e.function, RUNNER) for name, e in registry.EXPERIMENTS.items()}
+    if not reuse or key not in _BY_CONTENT:
+        _BY_CONTENT[key] = {name: codehash.code_hash(e.function, RUNNER) for name, e in registry.EXPERIMENTS.items()}
+    return dict(_BY_CONTENT[key])
+
+
+_PARSED: dict[tuple[str, bool, str], codehash.Module] = {}
+_parse = codehash._parse
+
+
+def _parse_once(path: Path, module: str, text: str) -> codehash.Module:
+    """codehash's parse of a module's text, once per text: parsing is most of a hash's time, a test edits one
+    file of the package, and a parsed Module is only read once made (the hashes are as computed afresh)."""
+    key = (module, path.name == "__init__.py", text)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path, module, text)
+    return _PARSED[key]
 
 
 @pytest.fixture
@@ -25,6 +49,7 @@ def src_copy(tmp_path, monkeypatch):
     """A private copy of the package sources for hashing, so tests can edit them."""
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
+    monkeypatch.setattr(codehash, "_parse", _parse_once)
     monkeypatch.setenv(codehash.CACHE_ENV, str(tmp_path / "hash-cache"))
     codehash.clear_cache()
     yield tmp_path / "cs336sys"
@@ -270,7 +295,7 @@ def test_hash_changes_with_content_not_with_file_times(src_copy):
     before = experiment_hashes()
     for p in src_copy.rglob("*.py"):
         p.touch()
-    assert experiment_hashes() == before
+    assert experiment_hashes(reuse=False) == before
 
 
 def test_unknown_module_or_function_is_an_error():

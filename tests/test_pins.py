@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_workflow import copy_pipeline, scheduled
+from test_workflow import scheduled
 
 from cs336sys import pins
 
@@ -83,8 +83,8 @@ def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow(seconds=50)
-def test_a_pin_keeps_committed_results_across_a_code_change(tmp_path):
-    repo = copy_pipeline(tmp_path / "clone")
+def test_a_pin_keeps_committed_results_across_a_code_change(rerun_copy):
+    repo = rerun_copy
     experiments = ("mixed_precision_accumulation", "autocast_dtypes")  # the jobs cs336sys.precision runs
     assert not scheduled(repo, "writeup/report.pdf") & set(experiments)
     before = pins.load(repo / "workflow" / "pins.yaml")

@@ -41,5 +41,10 @@ def test_ci_installs_and_tests_as_the_readme_says():
     assert readme_torch in ci
     torch_at, project_at = ci.index(readme_torch), ci.index("pip install -q -e")
     assert torch_at < project_at  # torch first, as the README's block
-    # the README's test command, run with the CI cluster up (.ci/slurm-smoke.sh runs the command it is given)
-    assert re.search(r"^bash \.ci/slurm-smoke\.sh pytest -n 2$", ci, re.M)
+    # the README's test command (the fast suite), then the long checks that the README names after it, with the
+    # CI cluster up (.ci/slurm-smoke.sh runs the command it is given); each timed, the slowest tests listed
+    fast = commands()[3]
+    long = re.search(r"`(pytest -m long[^`]*)` runs the long checks", (REPO / "README.md").read_text()).group(1)
+    assert re.search(rf'^timed "fast suite" python -m {re.escape(fast)} --durations=10$', ci, re.M)
+    assert re.search(rf'^timed "long checks" bash \.ci/slurm-smoke\.sh python -m {re.escape(long)} --durations=10$',
+                     ci, re.M)

@@ -166,9 +166,15 @@ def node_gpus() -> int:
 
 
 @pytest.fixture(scope="module")
-def probe_run(tmp_path_factory):
+def slurm_cluster() -> int:
+    """The GPUs of a Slurm node that answers (skips without one): a test asking for it is a long check."""
+    return node_gpus()
+
+
+@pytest.fixture(scope="module")
+def probe_run(tmp_path_factory, slurm_cluster):
     """One run through Slurm: a 1-GPU job, an all-GPU job, a failing job and a local job."""
-    gpus = node_gpus()
+    gpus = slurm_cluster
     cwd = tmp_path_factory.mktemp("slurm_probe")
     run = snakemake(*SLURM_CI, "--keep-going", "--slurm-logdir", str(cwd / "slurm-logs"),
                     "probe/gpu1.txt", f"probe/gpu{gpus}.txt", "probe/fail.txt", "probe/local.txt",
@@ -209,8 +215,8 @@ def test_failed_job_names_its_slurm_log_and_leaves_no_output(probe_run):
     assert (cwd / "probe" / "gpu1.txt").exists()
 
 
-def test_more_gpus_than_the_node_has_fails_fast(tmp_path):
-    gpus = node_gpus()
+def test_more_gpus_than_the_node_has_fails_fast(tmp_path, slurm_cluster):
+    gpus = slurm_cluster
     start = time.monotonic()
     run = snakemake(*SLURM_CI, f"probe/gpu{gpus + 1}.txt", cwd=tmp_path, timeout=120)
     elapsed = time.monotonic() - start

@@ -20,7 +20,7 @@ import pytest
 from docutils.core import publish_parts
 
 from cs336sys import registry
-from cs336sys.writeup import items
+from cs336sys.writeup import items, unnumbered
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,6 +138,46 @@ def test_write_gives_each_file_its_caption_and_the_report_laid_tables_files_of_t
     assert index.subcategory("benchmarking", "timing.png") == items.OTHER_FILES
 
 
+def test_each_file_the_writeup_does_not_number_has_a_caption_of_its_own(tmp_path, monkeypatch):
+    """A described file: what it is, the numbered table of the same name, where the report links it and the
+    section that uses it; a file `unnumbered` does not describe gets the fallback and is listed as missing."""
+    dirs = write_sections(tmp_path)
+    bench = dirs[0]
+    (bench / "timing.png").write_bytes(b"\x89PNG")  # a figure of Table 2's numbers, linked from 1.2
+    (bench / "mystery.csv").write_text("a\n1\n")
+    report = tmp_path / "writeup" / "report.md"
+    report.write_text(REPORT.replace("### 1.2 Laid out by the template\n", "### 1.2 Laid out by the template\n\n"
+                                     "As [a figure](../results/sections/benchmarking/timing.png).\n", 1))
+    monkeypatch.setitem(unnumbered.UNNUMBERED, ("benchmarking", r"(tim)ing\.png"), "Times drawn, {0} first.")
+    out = tmp_path / "out"
+    found = items.write(report, dirs, out)
+    template = (out / "benchmarking.rst").read_text()
+    caption = render_caption(template, "timing", "png")
+    assert "<b>timing.png</b> (not numbered in the writeup). Times drawn, tim first." in caption
+    assert "Its numbers are in Table 2 (1.1 (b) Times)." in caption
+    assert "The writeup links it under 1.2 Laid out by the template." in caption
+    assert "section 1 Benchmarking the model" in caption and "<code>benchmarking_section</code>" in caption
+    assert "does not describe yet" in render_caption(template, "mystery", "csv")
+    numbered = {(i.section, i.file) for i in found}
+    assert unnumbered.missing(dirs, numbered) == ["benchmarking/mystery.csv"]
+    # a size in a file name (2_7B) is named as the report names it
+    assert "for the 2.7B model" in unnumbered.description("sharding", "sharding_allocator_2_7B.csv")
+
+
+def test_every_committed_section_file_is_numbered_or_described():
+    """Every CSV and PNG of the committed sections gets its own caption in Snakemake's report: numbered in
+    the committed writeup, or described in cs336sys.writeup.unnumbered (add a line there for a new file)."""
+    dirs = [REPO / "results" / "sections" / s for s in registry.SECTIONS]
+    found = items.parse((REPO / "writeup" / "report.md").read_text())
+    items.locate(found, REPO / "writeup" / "report.md", dirs)
+    assert unnumbered.missing(dirs, {(i.section, i.file) for i in found}) == []
+    assert {s for s, _ in unnumbered.UNNUMBERED} <= set(registry.SECTIONS)
+    # each line describes a committed file (a line whose file went away is dropped, not kept as dead text)
+    for section, pattern in unnumbered.UNNUMBERED:
+        files = unnumbered.section_files(REPO / "results" / "sections" / section)
+        assert any(re.fullmatch(pattern, f) for f in files), f"{section}/{pattern} matches no committed file"
+
+
 def test_a_figure_outside_the_section_folders_is_refused(tmp_path):
     dirs = write_sections(tmp_path)
     report = tmp_path / "writeup" / "report.md"
@@ -213,6 +253,8 @@ def test_snakemake_report_holds_every_numbered_table_and_figure_of_the_writeup(t
         for f in (REPO / "results" / "sections" / s).iterdir():
             if f.suffix in (".csv", ".png"):
                 assert f"results/sections/{s}/{f.name}" in results
+                caption = results[f"results/sections/{s}/{f.name}"]["caption"]
+                assert "does not show" not in caption, f"{s}/{f.name} has the generic caption"  # its own, always
 
 
 def load_lint_tool():

@@ -94,6 +94,13 @@ def repo_copy(tmp_path_factory) -> Path:
     shutil.rmtree(dest, ignore_errors=True)  # a smoke run leaves ~100 MB
 
 
+@pytest.fixture(scope="module")
+def rerun_copy(repo_copy) -> Path:
+    """The module's copy, where a test checks what Snakemake would re-run there: the re-run contract, a long
+    check (tests/conftest.py). The config checks use `repo_copy` itself: they stop at parse time."""
+    return repo_copy
+
+
 def test_the_copy_holds_the_pipeline_and_nothing_else(repo_copy):
     top = {p.name for p in repo_copy.iterdir()}
     assert top == {p.split("/")[0] for p in PIPELINE}
@@ -128,6 +135,23 @@ def test_bad_config_value_names_the_key_and_allowed_values(repo_copy):
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "grid" in text and "'huge' is not one of ['main', 'smoke', 'next', 'smoke+next']" in text
+
+
+def test_an_unknown_config_key_is_refused_naming_the_known_ones(repo_copy, tmp_path):
+    """A misspelt knob (`steps=ten` for the grid's warmup_sweep.steps) fails at parse time, from --config or
+    from a --configfile, naming it and the schema's top-level keys."""
+    import yaml
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert {"grid", "pins", "main", "next", "smoke"} <= set(schema["properties"])
+    from_file = tmp_path / "extra.yaml"
+    from_file.write_text(yaml.safe_dump({"grid": "main", "warmup_steps": 3}))
+    for args, key in ((("--config", "steps=ten"), "'steps'"), (("--configfile", str(from_file)), "'warmup_steps'")):
+        proc = snakemake(repo_copy, "writeup/report.pdf", "-n", *args, check=False)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and f"unknown config key(s) {key}" in text, text[-2000:]
+        assert f"the known top-level keys are {', '.join(schema['properties'])}" in text
+        assert "Nothing to be done" not in text
 
 
 def test_bad_nested_config_value_is_named(repo_copy, tmp_path):
@@ -189,36 +213,36 @@ def tree_digest(root: Path, *folders: str) -> dict[str, bytes]:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host the stale experiment would simply run")
-def test_a_stale_gpu_experiment_on_a_cpu_host_changes_nothing(repo_copy):
-    peak = repo_copy / "src" / "cs336sys" / "peak.py"
+def test_a_stale_gpu_experiment_on_a_cpu_host_changes_nothing(rerun_copy):
+    peak = rerun_copy / "src" / "cs336sys" / "peak.py"
     original = peak.read_text()
-    before = tree_digest(repo_copy, "results", ".snakemake/metadata", "benchmarks")
+    before = tree_digest(rerun_copy, "results", ".snakemake/metadata", "benchmarks")
     assert "for _ in range(5):" in original
     peak.write_text(original.replace("for _ in range(5):", "for _ in range(6):", 1))  # one more warm-up product
     try:
-        proc = snakemake(repo_copy, "-c1", "writeup/report.pdf", check=False)
+        proc = snakemake(rerun_copy, "-c1", "writeup/report.pdf", check=False)
     finally:
         peak.write_text(original)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "matmul_peak (needs 1 GPU)" in text and "Nothing was run, deleted or rewritten" in text
     assert "profiles/slurm" in text  # says how to run them
-    assert tree_digest(repo_copy, "results", ".snakemake/metadata", "benchmarks") == before
+    assert tree_digest(rerun_copy, "results", ".snakemake/metadata", "benchmarks") == before
 
 
 @pytest.mark.parametrize("damage", ["truncated", "bad status"])
-def test_a_corrupt_result_is_named_before_any_job_runs_and_nothing_is_deleted(repo_copy, damage):
+def test_a_corrupt_result_is_named_before_any_job_runs_and_nothing_is_deleted(rerun_copy, damage):
     rel = "results/ddp_step/2.7B-bf16/bucketed-1000MB.json"
-    path = repo_copy / rel
+    path = rerun_copy / rel
     original = path.read_bytes()
     if damage == "truncated":
         path.write_bytes(original[:300])
     else:
         path.write_text(original.decode().replace('"status": "ok"', '"status": "finished"', 1))
-    before = tree_digest(repo_copy, "results", ".snakemake/metadata", "writeup")
+    before = tree_digest(rerun_copy, "results", ".snakemake/metadata", "writeup")
     try:
-        proc = snakemake(repo_copy, "-c1", "writeup/report.pdf", check=False)
-        after = tree_digest(repo_copy, "results", ".snakemake/metadata", "writeup")
+        proc = snakemake(rerun_copy, "-c1", "writeup/report.pdf", check=False)
+        after = tree_digest(rerun_copy, "results", ".snakemake/metadata", "writeup")
     finally:
         path.write_bytes(original)
     text = proc.stdout + proc.stderr
@@ -231,9 +255,9 @@ def test_a_corrupt_result_is_named_before_any_job_runs_and_nothing_is_deleted(re
     assert after == before  # the sections that read it were not deleted, nothing rewritten
 
 
-def test_fresh_clone_with_committed_results_runs_no_experiment(repo_copy):
-    shuffle_times(repo_copy)
-    assert scheduled(repo_copy, "writeup/report.pdf") <= CHEAP
+def test_fresh_clone_with_committed_results_runs_no_experiment(rerun_copy):
+    shuffle_times(rerun_copy)
+    assert scheduled(rerun_copy, "writeup/report.pdf") <= CHEAP
 
 
 # .ci/slurm-smoke.sh sets this while its one-node cluster is up (CI runs the tests inside it): the smoke grid
@@ -293,9 +317,22 @@ def make_smoke_grid(cwd: Path) -> None:
     print(f"smoke grid through Slurm: {summary}")
 
 
-@pytest.mark.slow(seconds=900 if SLURM_ALL else 480)
-def test_smoke_grid_reruns_exactly_what_changed(repo_copy):
+@pytest.fixture(scope="module")
+def smoke_grid(repo_copy) -> Path:
+    """The copy with the whole smoke grid made in it: minutes, so a long check (tests/conftest.py)."""
     make_smoke_grid(repo_copy)
+    return repo_copy
+
+
+@pytest.fixture
+def smoke_jobs(tmp_path) -> Path:
+    """A fresh copy of the pipeline whose smoke-grid jobs the test runs for real: a long check."""
+    return copy_pipeline(tmp_path / "clone")
+
+
+@pytest.mark.slow(seconds=900 if SLURM_ALL else 480)
+def test_smoke_grid_reruns_exactly_what_changed(smoke_grid):
+    repo_copy = smoke_grid
     smoke = repo_copy / "smoke"
     assert (smoke / "writeup" / "report.pdf").read_bytes().startswith(b"%PDF")
     smoke_report = (smoke / "writeup" / "report.md").read_text()
@@ -370,14 +407,14 @@ def _default_sigint() -> None:
 
 
 @pytest.mark.slow(seconds=40)
-def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(tmp_path):
+def test_a_second_run_is_locked_out_and_ctrl_c_leaves_exactly_the_interrupted_jobs(smoke_jobs, tmp_path):
     """Two snakemake runs in one checkout: the second is refused with the lock message. Ctrl-C in the
     middle of a grid (one job finished, the next one running): the next dry run lists the interrupted job
     and those not started, none that finished, and they re-run without a manual unlock or cleanup."""
     import signal
     import time
 
-    repo = copy_pipeline(tmp_path / "clone")
+    repo = smoke_jobs
     gate = tmp_path / "gate"
     gate.mkdir()
     python = tmp_path / "gated-python"
@@ -427,29 +464,29 @@ def shell_commands(cwd: Path, *args: str) -> dict[str, str]:
     return found
 
 
-def test_the_overlay_lists_exactly_its_new_jobs_and_promoting_it_reruns_nothing(repo_copy, tmp_path):
+def test_the_overlay_lists_exactly_its_new_jobs_and_promoting_it_reruns_nothing(rerun_copy, tmp_path):
     """A point in the overlay `next` is a job that `--config grid=next` runs with results at their final
     paths, its sections and report under next/; moved into `main` it is the same job (same points, same
     result files), so once its results exist the promotion re-runs nothing."""
     import yaml
 
-    config = load_config(repo_copy)
+    config = load_config(rerun_copy)
     overlay = {**config, "next": {"leaderboard": {"jobs": {"overlay_probe": ["ours"]}}}}
     (tmp_path / "next.yaml").write_text(yaml.safe_dump(overlay, sort_keys=False))  # the order as written
     # (a --configfile merges into config/next.yaml key by key: the committed overlay's jobs stay in it)
-    waiting = {r for r in scheduled(repo_copy, "--config", "grid=next") if r not in CHEAP and r != "all"}
-    new = {r for r in scheduled(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
+    waiting = {r for r in scheduled(rerun_copy, "--config", "grid=next") if r not in CHEAP and r != "all"}
+    new = {r for r in scheduled(rerun_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
            if r not in CHEAP and r != "all"}
     assert new - waiting == {"leaderboard_step_overlay_probe"}
-    assert not {r for r in scheduled(repo_copy) if r not in CHEAP}  # the main grid has nothing waiting
-    dry = snakemake(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next", "-n").stdout
+    assert not {r for r in scheduled(rerun_copy) if r not in CHEAP}  # the main grid has nothing waiting
+    dry = snakemake(rerun_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next", "-n").stdout
     assert "next/writeup/report.pdf" in dry and "results/leaderboard_step/overlay_probe/ours.json" in dry
     assert "next/results/leaderboard_step" not in dry  # results at their final paths
 
     promoted = {**config, "next": {}}
     promoted["main"]["leaderboard"]["jobs"]["overlay_probe"] = ["ours"]
     (tmp_path / "promoted.yaml").write_text(yaml.safe_dump(promoted))
-    before = shell_commands(repo_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
-    after = shell_commands(repo_copy, "--configfile", str(tmp_path / "promoted.yaml"))
+    before = shell_commands(rerun_copy, "--configfile", str(tmp_path / "next.yaml"), "--config", "grid=next")
+    after = shell_commands(rerun_copy, "--configfile", str(tmp_path / "promoted.yaml"))
     assert before["leaderboard_step_overlay_probe"] == after["leaderboard_step_overlay_probe"]
-    assert not (repo_copy / "next").exists()  # a dry run writes nothing; the committed report is untouched
+    assert not (rerun_copy / "next").exists()  # a dry run writes nothing; the committed report is untouched

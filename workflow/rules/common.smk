@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import yaml
+
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
@@ -30,6 +32,17 @@ from cs336sys.workflow_helpers import (  # noqa: E402
     slug,
 )
 
+# Snakemake takes any `--config key=value`: a misspelt knob (`steps=ten` for the grid's warmup_sweep.steps)
+# would look like a run that used it, so a top-level key the schema does not name is refused, naming them.
+with open(os.path.join(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as _f:
+    _KNOWN_KEYS = list(yaml.safe_load(_f)["properties"])
+_unknown = sorted(set(config) - set(_KNOWN_KEYS))
+if _unknown:
+    raise WorkflowError(
+        f"unknown config key(s) {', '.join(map(repr, _unknown))} (from --config, --configfile or a config file); "
+        f"the known top-level keys are {', '.join(_KNOWN_KEYS)}. A grid's own settings go under its key: "
+        "--configfile FILE with main: or smoke: (workflow/schemas/grid.schema.yaml)"
+    )
 validate(config, schema="../schemas/config.schema.yaml")
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cs336sys.io import write_atomic
+from cs336sys.writeup import unnumbered
 
 WRITEUP = "The writeup"  # the category of the report's own tables and of the PDF
 OTHER_FILES = "Files the writeup does not number"  # subcategory of a section's other CSV and PNG files
@@ -237,6 +238,28 @@ def _indent(text: str) -> str:
     return "\n".join("   " + line for line in text.split("\n"))
 
 
+# The caption of a section file that is neither numbered nor described in cs336sys.writeup.unnumbered
+# (tests/test_snakemake_report.py holds the committed results to none)
+UNDESCRIBED = ("A file of the section {section} that the writeup does not show as a numbered table or figure, "
+               "and that cs336sys.writeup.unnumbered does not describe yet.")
+
+
+def _unnumbered_entries(folder: Path, numbered: list[Item], report_text: str) -> list[tuple[str, str]]:
+    """(file, caption) of each CSV and PNG of a section folder that the writeup does not number and
+    `unnumbered` describes; a numbered item of the same name (a figure of a printed table) is cited."""
+    category = numbered[0].category if numbered else ""
+    files = {i.file for i in numbered}
+    entries = []
+    for file in unnumbered.section_files(folder):
+        if file in files:
+            continue
+        stem = file.rsplit(".", 1)[0]
+        twins = [f"{i.label} ({i.heading})" for i in numbered if i.file.rsplit(".", 1)[0] == stem]
+        if (text := unnumbered.caption_html(folder.name, file, category, twins, report_text)) is not None:
+            entries.append((file, text))
+    return entries
+
+
 def write(report: Path, section_dirs: list[Path], out: Path) -> list[Item]:
     items = parse(report.read_text())
     locate(items, report, section_dirs)
@@ -256,11 +279,14 @@ def write(report: Path, section_dirs: list[Path], out: Path) -> list[Item]:
     for item in own:
         write_atomic(tables / f"{item.key}.csv", table_csv(item.body))
         item.file = f"{item.key}.csv"
-    for name in sorted({d.name for d in section_dirs}):
+    report_text = report.read_text()
+    for folder in sorted(section_dirs, key=lambda d: d.name):
+        name = folder.name
         entries = [(i.file, caption_html(i, f"Made by the rule <code>{name}_section</code>."))
                    for i in items if i.section == name and id(i) not in own_ids]
-        write_atomic(out / f"{name}.rst", caption_template(
-            entries, "A file of this section that the writeup does not show as a numbered table or figure."))
+        entries += _unnumbered_entries(folder, [i for i in items if i.section == name and id(i) not in own_ids],
+                                       report_text)
+        write_atomic(out / f"{name}.rst", caption_template(entries, UNDESCRIBED.format(section=name)))
     entries = [(i.file, caption_html(i, "Laid out by the report's templates from the sections' results."))
                for i in own]
     write_atomic(out / "report.rst", caption_template(entries, "A table of the report."))
