@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from cs336sys import codehash
 from cs336sys.provenance import METADATA, record, recorded_hash, records
 
 PINS_FILE = Path("workflow/pins.yaml")
@@ -181,7 +182,6 @@ def live_hashes() -> dict[str, tuple[str, list[str]]]:
     experiment rule with records: the experiment is its record's problem parameter, and the hash is
     computed as the workflow computes it (`experiment_code` in workflow/rules/common.smk)."""
     from cs336sys import registry
-    from cs336sys.codehash import code_hash
 
     hashes: dict[str, tuple[str, list[str]]] = {}
     for rule, outputs in _outputs_by_rule().items():
@@ -190,7 +190,7 @@ def live_hashes() -> dict[str, tuple[str, list[str]]]:
         if problem is None:
             continue
         function = registry.experiment(problem).function
-        hashes[rule] = (code_hash(function, "cs336sys.run"), outputs)
+        hashes[rule] = (codehash.code_hash(function, codehash.RUNNER), outputs)
     return hashes
 
 
