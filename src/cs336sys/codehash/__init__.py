@@ -21,8 +21,8 @@ So each experiment rule carries, as a parameter, a hash of what its experiment's
 
 An entry is a module (everything it holds counts, its `if __name__ == "__main__":` block too: it is
 the program) or `module:function`. `code_hash(*entries)` is 16 hex digits; `manifest(*entries)`
-lists each counted statement with its own hash, and `python -m cs336sys.codehash why` compares the
-manifests of stale jobs against those at their results' commit, naming what changed.
+lists each counted statement with its own hash, which cs336sys.why compares with an earlier commit's to
+name what changed (`python -m cs336sys.codehash why`, the command line in __main__).
 """
 
 from __future__ import annotations
