@@ -188,7 +188,7 @@ def why(rules: list[str], pins: list[pins_lib.Pin] | None = None) -> list[str]:
             lines += [f"    {line}" for line in explain(rule, entries, outputs, pins)]
     for i, held_rules in sorted(held.items()):
         pin = pins[i]
-        said = _listed(held_rules) if rules else f"{len(held_rules)} rule(s), {_listed(held_rules, 2)}"
+        said = ", ".join(held_rules) if rules else f"{len(held_rules)} rule(s), {_listed(held_rules, 2)}"
         lines.append(f"up to date by pin [{i}] (the code is as pinned at {(pin.pinned_at or '?')[:10]}): {said}; "
                      f"{_short(pin.reason, 100)}")
     return lines or ["every job with provenance records here is up to date by its code"]
