@@ -279,9 +279,8 @@ def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest
             # any other base (a call's result, a subscript) holds its own names, walked on their own
         elif isinstance(n, ast.Import):
             for a in n.names:
-                if _ours(a.name):
-                    s.lazy_imports.add(a.name)
                 if _ours(a.name):  # `import a.b` binds `a` (the chain walks down); `as c`: a.b
+                    s.lazy_imports.add(a.name)
                     s.bind(n is node, a.asname or a.name.split(".")[0],
                            a.name if a.asname else a.name.split(".")[0], None)
         elif isinstance(n, ast.ImportFrom):
@@ -292,7 +291,6 @@ def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest
             for a in n.names:
                 if a.name == "*":
                     s.dynamic = True
-                    s.lazy_imports.add(target)
                     s.star.add(target)
                     continue
                 s.lazy_imports.add(f"{target}.{a.name}")
