@@ -1,11 +1,13 @@
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tokenize
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -305,23 +307,92 @@ def test_unknown_module_or_function_is_an_error():
         codehash.code_hash("cs336sys.bench:nope")
 
 
-def test_same_hashes_under_another_python(tmp_path):
-    """The GPU hosts run Python 3.12, CI 3.11: the same code must hash the same under both."""
+VERSIONS = ("3.11", "3.12", "3.13")  # CI runs 3.11, the GPU hosts 3.12
+
+
+def other_pythons() -> list[str]:
+    """An interpreter of each version in VERSIONS other than this one that is installed here (pyenv or PATH)."""
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
-    found = [str(p) for v in ("3.12", "3.11", "3.13") if v != this
-             for p in sorted(Path.home().glob(f".pyenv/versions/{v}*/bin/python{v}"))]
-    found += [shutil.which(f"python{v}") for v in ("3.12", "3.11", "3.13") if v != this and shutil.which(f"python{v}")]
-    other = found[0] if found else None
-    if other is None:
-        pytest.skip("no second Python version on this machine to compare with")
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); from cs336sys import codehash, registry; "
-              "print(json.dumps({n: codehash.code_hash(e.function, 'cs336sys.run') "
-              "for n, e in registry.EXPERIMENTS.items()}))")
-    out = subprocess.run([other, "-c", script, str(codehash.SRC)], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0 and "version" in out.stderr.lower():
-        pytest.skip(f"{other} is not usable here: {out.stderr.strip()[:200]}")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == experiment_hashes()
+    found = []
+    for v in VERSIONS:
+        if v != this:
+            paths = sorted(Path.home().glob(f".pyenv/versions/{v}*/bin/python{v}")) or [shutil.which(f"python{v}")]
+            found += [str(paths[-1])] if paths[-1] else []
+    return found
+
+
+# Every hash computed from scratch: a Tree of the sources (never the disk cache), the cache turned off as well.
+_HASH_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from cs336sys import codehash
+tree = codehash.Tree(sys.argv[1])
+print(json.dumps({" + ".join(e): tree.code_hash(*e) for e in json.loads(sys.argv[2])}))
+"""
+
+
+def every_entry(src: Path = codehash.SRC) -> list[tuple[str, ...]]:
+    """Each experiment as the workflow hashes it, and each module of the package on its own."""
+    modules = [".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+               for p in sorted((src / "cs336sys").rglob("*.py"))]
+    return [(e.function, RUNNER) for e in registry.EXPERIMENTS.values()] + [(m,) for m in modules]
+
+
+def hashes_under(python: str, src: Path, entries: list[tuple[str, ...]]) -> dict[str, str]:
+    """The hashes `python` computes for `entries` from the sources under `src`, in a process of its own with
+    the disk cache off."""
+    env = {**os.environ, codehash.CACHE_ENV: "off", "PYTHONPATH": ""}
+    out = subprocess.run([python, "-c", _HASH_SCRIPT, str(src), json.dumps(entries)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def hashes_here(src: Path, entries: list[tuple[str, ...]]) -> dict[str, str]:
+    tree = codehash.Tree(src)
+    return {" + ".join(e): tree.code_hash(*e) for e in entries}
+
+
+@cache
+def _every_hash_here() -> dict[str, str]:  # once for every other Python (the sources are not edited)
+    return hashes_here(codehash.SRC, every_entry())
+
+
+@pytest.mark.parametrize("python", other_pythons() or [None])
+def test_same_hashes_under_another_python(python):
+    """The same code hashes the same under every Python we run: every experiment and every module, each
+    computed from scratch in both processes (no disk cache that a first process filled for the second)."""
+    if python is None:
+        pytest.skip(f"no Python of another version ({', '.join(VERSIONS)}) installed here to compare with")
+    assert len(every_entry()) > 150
+    assert hashes_under(python, codehash.SRC, every_entry()) == _every_hash_here()
+
+
+def test_a_corrupt_cache_cannot_make_the_python_comparison_pass(src_copy, monkeypatch):
+    """The cache is keyed by the Python too, and the comparison reads no cache: with every stored hash
+    overwritten, it still compares real hashes, and an edit that changes one makes it differ."""
+    pythons = other_pythons()
+    if not pythons:
+        pytest.skip(f"no Python of another version ({', '.join(VERSIONS)}) installed here to compare with")
+    entries = [("cs336sys.peak:run_point", RUNNER), ("cs336sys.precision:run_accumulation_point", RUNNER)]
+    src, cache = src_copy.parent, src_copy.parent / "hash-cache"
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from cs336sys import codehash; "
+              "print(codehash.code_hash('cs336sys.peak:run_point', 'cs336sys.run'))")
+    filled = subprocess.run([pythons[0], "-c", script, str(src)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, codehash.CACHE_ENV: str(cache), "PYTHONPATH": ""})
+    assert filled.returncode == 0, filled.stderr
+    for e in entries:
+        codehash.code_hash(*e)
+    assert len(list(cache.glob("*.json"))) == 2  # one key per Python
+    for f in cache.glob("*.json"):
+        f.write_text(json.dumps(dict.fromkeys(json.loads(f.read_text()), "deadbeefdeadbeef")))
+    codehash.clear_cache()
+    assert codehash.code_hash(*entries[0]) == "deadbeefdeadbeef"  # the corrupt cache is in use for a cache reader
+    real = hashes_here(src, entries)
+    assert "deadbeefdeadbeef" not in real.values()
+    assert hashes_under(pythons[0], src, entries) == real
+    edit(src_copy / "peak.py", "PEAK_DTYPES = (", "PEAK_DTYPES = ('fp16', ")
+    assert hashes_under(pythons[0], src, entries) != real  # a hash that differs fails the comparison
 
 
 def test_why_names_the_changed_statement(src_copy):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from cs336sys import codehash, provenance
 from cs336sys import pins as pins_lib
+from cs336sys.why import entries_of
 
 
 def _old_rule(path: Path, src: Path):
@@ -39,20 +40,6 @@ def _old_rule(path: Path, src: Path):
     spec.loader.exec_module(mod)
     mod.SRC = src
     return mod
-
-
-def _entries(rec: dict, section_of: dict[str, str]) -> tuple[str, ...] | None:
-    function = provenance.function_param(rec)
-    if function:
-        return function, "cs336sys.run"
-    rule = rec.get("rule", "")
-    if rule in section_of:
-        return (section_of[rule],)
-    if rule == "report_markdown":
-        return "cs336sys.report", "cs336sys.deliverables"
-    if rule == "report_pdf":
-        return ("cs336sys.report",)
-    return None
 
 
 def _old_entries(entries: tuple[str, ...], by_module: bool) -> tuple[str, ...]:
@@ -66,9 +53,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="the old rule hashed the experiment function's whole module (the first rule did)")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
-    from cs336sys import registry
-
-    section_of = {s.rule: s.module for s in registry.SECTIONS.values()}
     here = codehash.SRC
     old_here = _old_rule(args.old, here)
     trees: dict[str, tuple[object, codehash.Tree] | None] = {}
@@ -76,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     changes: dict[Path, tuple[str, str]] = {}
     for output, rec in provenance.records():
         h = provenance.code_param(rec)
-        entries = _entries(rec, section_of)
         rule = rec.get("rule", "?")
+        entries = entries_of(rule, rec)
         if h is None or entries is None:
             continue
         old_entries = _old_entries(entries, args.old_by_module)
@@ -139,7 +123,7 @@ def _newly_seen(old_path: Path, function: str, commit: str | None) -> list[str]:
     src = provenance.sources_at(commit) if commit else None
     if src is None:
         return [f"(no commit to compare with: {commit})"]
-    entries = (function, "cs336sys.run")
+    entries = (function, codehash.RUNNER)
     old_then, old_here = _old_rule(old_path, src), _old_rule(old_path, codehash.SRC)
     seen_before = _changed(old_then.manifest(*entries), old_here.manifest(*entries))
     unseen = _changed(codehash.Tree(src).manifest(*entries), codehash.manifest(*entries)) - seen_before
@@ -164,7 +148,7 @@ def _migrate_pins(old_path: Path) -> list[str]:
             if len(recorded) != 1 or None in recorded or function is None:
                 said.append(f"{rule}: records missing or mixed, pin left as it was")
                 continue
-            now = codehash.code_hash(function, "cs336sys.run")
+            now = codehash.code_hash(function, codehash.RUNNER)
             made = recorded.pop()
             if made == now:
                 said.append(f"{rule}: up to date by the new rule, unpinned")

@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
-from cs336sys.provenance import METADATA, record, recorded_hash, records
+from cs336sys import codehash
+from cs336sys.provenance import METADATA, git, record, recorded_hash, records, results_commit
 
 PINS_FILE = Path("workflow/pins.yaml")
 _HEADER = """\
@@ -158,14 +157,6 @@ def changes(reason: str) -> list[str]:
 # --- the command line --------------------------------------------------------------------------------
 
 
-def _git_head() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _outputs_by_rule(metadata: Path = METADATA) -> dict[str, list[str]]:
     """Every output with a provenance record, by the rule that made it (sections and report excluded)."""
     by: dict[str, list[str]] = {}
@@ -181,7 +172,6 @@ def live_hashes() -> dict[str, tuple[str, list[str]]]:
     experiment rule with records: the experiment is its record's problem parameter, and the hash is
     computed as the workflow computes it (`experiment_code` in workflow/rules/common.smk)."""
     from cs336sys import registry
-    from cs336sys.codehash import code_hash
 
     hashes: dict[str, tuple[str, list[str]]] = {}
     for rule, outputs in _outputs_by_rule().items():
@@ -190,18 +180,12 @@ def live_hashes() -> dict[str, tuple[str, list[str]]]:
         if problem is None:
             continue
         function = registry.experiment(problem).function
-        hashes[rule] = (code_hash(function, "cs336sys.run"), outputs)
+        hashes[rule] = (codehash.code_hash(function, codehash.RUNNER), outputs)
     return hashes
 
 
 def _results_commit(outputs: list[str]) -> str | None:
-    commits = set()
-    for o in outputs:
-        try:
-            commits.add(json.loads(Path(o).read_text()).get("env", {}).get("git_commit"))
-        except (OSError, json.JSONDecodeError, AttributeError):
-            continue
-    commits.discard(None)
+    commits = {c for o in outputs if (c := results_commit(o))}
     return ", ".join(sorted(c[:10] for c in commits)) or None  # short forms, as the report prints them
 
 
@@ -225,7 +209,7 @@ def add(rules: list[str], experiments: list[str], reason: str, path: Path = PINS
         raise PinError("nothing to pin: name --rules or --experiments that have committed results")
     pins = load(path)
     pinned_now = {r for p in pins for r in p.rules}
-    said, new = [], Pin(rules={}, reason=reason, pinned_at=_git_head(),
+    said, new = [], Pin(rules={}, reason=reason, pinned_at=git("rev-parse", "HEAD"),
                         date=_dt.date.today().isoformat())
     extended: dict[int, Pin] = {}  # id(an outdated pin) -> the pin its re-pinned rules move to
     for rule in sorted(wanted):

@@ -2,9 +2,8 @@
 
 Snakemake keeps one provenance record per output in `.snakemake/metadata/` (committed with the
 results): the rule, its parameters (among them `code`, the hash of what the experiment runs) and
-its shell command. A result file also names the commit whose code made it (`env.git_commit`). From
-these two, `code_at` rebuilds the code hash a result was made with by today's rule, from the sources
-at that commit (`git archive`), which is how `python -m cs336sys.codehash why` says what changed.
+its shell command. A result file also names the commit whose code made it (`env.git_commit`), and
+`sources_at` unpacks a commit's sources, from which cs336sys.why rebuilds the code a result was made with.
 
 No Snakemake import and no torch: the workflow, the report and the command lines use this.
 """
@@ -114,48 +113,3 @@ def sources_at(commit: str, repo: Path | str = ".") -> Path | None:
     archive.unlink()
     (target / ".complete").touch()
     return target / "src"
-
-
-def explain(entries: tuple[str, ...], outputs: list[str], metadata: Path = METADATA) -> list[str]:
-    """Why a job's `code` parameter differs from what its outputs were made with: the statements
-    that changed since their results' commit, by the current rule. A line each."""
-    from cs336sys import codehash
-
-    commits = {results_commit(o) for o in outputs if Path(o).exists()}
-    commits.discard(None)
-    if not commits:
-        return ["its results name no commit to compare with"]
-    now = codehash.manifest(*entries)
-    lines = []
-    for commit in sorted(commits):
-        src = sources_at(commit)
-        if src is None:
-            lines.append(f"made at {commit[:10]}, which this checkout's git history does not hold")
-            continue
-        then = codehash.Tree(src).manifest(*entries)
-        diff = codehash.changes(then, now)
-        lines += [f"since {commit[:10]}: {d}" for d in diff] or [
-            f"made at {commit[:10]}, whose code is the same by the current rule (its record holds another hash)"]
-    return lines
-
-
-def stale_by_code(jobs: list[tuple[str, tuple[str, ...], str, list[str]]], metadata: Path = METADATA,
-                  limit: int = 3) -> str:
-    """For the workflow's output: of `jobs` (rule, hash entries, the `code` it gets, its result files),
-    those whose results hold another code hash, each with what changed (at most `limit` lines;
-    `python -m cs336sys.codehash why RULE` gives all). Empty when there are none."""
-    stale = []
-    for rule, entries, code, outputs in jobs:
-        made = {recorded_hash(o, metadata) for o in outputs if Path(o).exists()}
-        made.discard(None)
-        if made and made != {code}:
-            lines = explain(entries, outputs, metadata)
-            shown = lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
-            stale.append(f"  {rule}:\n" + "\n".join(f"      {line}" for line in shown))
-    if not stale:
-        return ""
-    return (f"{len(stale)} experiment job(s) will re-run because code they run changed since their results were "
-            "made (Snakemake says 'Params have changed': the parameter is `code`). What changed:\n"
-            + "\n".join(stale)
-            + "\n`python -m cs336sys.codehash why RULE...` lists every change; a change that leaves the results valid "
-            "can be pinned (`python -m cs336sys.pins add`, see README).")

@@ -14,7 +14,7 @@ on its job, from the DAG of the files asked about (what `snakemake -n FILE` woul
 top of that it says the experiment and the point (the JSON settings the rule passes for that result
 file), the code hash the file's provenance record holds against the one the rule passes now, the pin
 in effect (cs336sys.pins) and, for an experiment whose code changed, which statements changed since
-its results' commit (cs336sys.provenance.explain). Nothing is run, and no file of the checkout is
+its results' commit or its pin (cs336sys.why). Nothing is run, and no file of the checkout is
 written (Snakemake may make its own empty working folders under `.snakemake/`, as `snakemake -n` does).
 
 Exit status: 0; 2 for a path no rule makes or a rule the workflow does not have (close names are
@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cs336sys import knobs, provenance, registry
+from cs336sys import codehash, knobs, provenance, registry
 from cs336sys import pins as pins_lib
+from cs336sys import why as why_lib
 
 REPORT_RULES = ("report_markdown", "report_pdf")
 
@@ -274,9 +275,7 @@ class Workflow:
         out: dict[str, Any] = {"rule": rule.params.get("code")}
         if rule.kind != "experiment":
             return out
-        from cs336sys.codehash import code_hash
-
-        live = code_hash(rule.function, "cs336sys.run")
+        live = codehash.code_hash(rule.function, codehash.RUNNER)
         out["live"] = live
         pins = pins_lib.load(self.repo / "workflow" / "pins.yaml") if self.pins_on else []
         pin = next((p for p in pins if rule.name in p.rules), None)
@@ -379,9 +378,11 @@ class Workflow:
         return names or ["(one the rule no longer has)"]
 
     def _explain(self, rule: Rule) -> list[str]:
-        """What changed in an experiment's code since its results' commit (once per rule)."""
+        """What changed in an experiment's code since its results' commit, or its outdated pin (once per rule)."""
         if rule.name not in self._explained:
-            self._explained[rule.name] = provenance.explain((rule.function, "cs336sys.run"), rule.results)
+            pins = pins_lib.load(self.repo / "workflow" / "pins.yaml") if self.pins_on else []
+            entries = (rule.function, codehash.RUNNER)
+            self._explained[rule.name] = why_lib.explain(rule.name, entries, rule.results, pins)
         return self._explained[rule.name]
 
     def _describe(self, rule: Rule) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 # section runs, and the two helpers that register them (`experiment_job`, `section`). Rules are made
 # from the registrations in workflow/rules/rules.smk; names come from cs336sys.registry; plain
 # functions live in cs336sys.workflow_helpers.
+import atexit
 import glob
 import json
 import os
@@ -19,9 +20,9 @@ sys.path.insert(0, SRC)
 
 from cs336sys import knobs  # noqa: E402
 from cs336sys import pins as pins_lib  # noqa: E402
-from cs336sys import provenance  # noqa: E402
 from cs336sys import registry  # noqa: E402
-from cs336sys.codehash import code_hash  # noqa: E402
+from cs336sys import why as why_lib  # noqa: E402
+from cs336sys.codehash import RUNNER, code_hash  # noqa: E402
 from cs336sys.writeup.items import WRITEUP, ReportIndex  # noqa: E402
 from cs336sys.workflow_helpers import (  # noqa: E402
     ExperimentJob,
@@ -155,8 +156,8 @@ def section(name, inputs, extra=None):
 
 
 def experiment_code(function):
-    """Content hash for an experiment: its function's module closure plus the job runner."""
-    return code_hash(function, "cs336sys.run")
+    """Content hash for an experiment: what its function can run, and the job runner."""
+    return code_hash(function, RUNNER)
 
 
 # Result pins (cs336sys.pins): a pinned rule's `code` is the hash its committed results were made
@@ -178,3 +179,32 @@ def points_json(experiment, points):
     so that a default written in the grid or left out makes the same parameters."""
     points = [knobs.without_defaults(experiment, p) for p in points]
     return json.dumps(points, sort_keys=True, separators=(",", ":"))
+
+
+# Experiment jobs stale by their code: which definitions changed since their results (or their pins) were made,
+# grouped by change (Snakemake itself shows two hashes). Said last, where it is read: after a dry run's job list
+# (no Snakemake hook runs then, so as the process exits, once every job of the DAG is done), and as a run starts.
+def say_stale_by_code():
+    dag = getattr(workflow, "dag", None)  # none when the run stopped before building it
+    jobs = list(dag.needrun_jobs(exclude_finished=False)) if dag is not None else []
+    if workflow.dryrun and not all(dag.finished(j) for j in jobs):
+        return  # the dry run failed: its error is the last word
+    needed = {j.rule.name for j in jobs}
+    text = why_lib.summary(
+        [
+            (
+                j.rule,
+                (registry.experiment(j.experiment).function, RUNNER),
+                job_code(j, registry.experiment(j.experiment).function),
+                j.results,
+            )
+            for j in EXPERIMENT_JOBS
+            if j.rule in needed
+        ],
+        PINS,
+    )
+    if text:
+        print(text, file=sys.stderr)
+
+
+atexit.register(lambda: workflow.dryrun and say_stale_by_code())  # known once a run starts, not at parsing

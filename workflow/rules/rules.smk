@@ -63,25 +63,10 @@ for _name, _section in SECTION_INPUTS.items():
         params:
             section=_name,
             extra=json.dumps(_section["extra"], sort_keys=True),
-            code=code_hash(registry.section(_name).module),
+            code=code_hash(registry.section(_name).module),  # cs336sys.why.entries_of says the same
         shell:
             ANALYSIS
 
-
-# Experiment jobs stale by their code: say which statements changed (Snakemake only shows two hashes).
-_stale = provenance.stale_by_code(
-    [
-        (
-            j.rule,
-            (registry.experiment(j.experiment).function, "cs336sys.run"),
-            job_code(j, registry.experiment(j.experiment).function),
-            j.results,
-        )
-        for j in EXPERIMENT_JOBS
-    ]
-)
-if _stale:
-    print(_stale, file=sys.stderr)
 
 # A name in the registry that no rule file uses is an error, whichever grid runs.
 _missing = [name for name in registry.SECTIONS if name not in SECTION_INPUTS]
@@ -117,7 +102,7 @@ rule report_markdown:
         f"{VIEW}logs/report/markdown.log",
     localrule: True
     params:
-        code=code_hash("cs336sys.report", "cs336sys.deliverables", "cs336sys.writeup.items"),
+        code=code_hash(*why_lib.REPORT_ENTRIES["report_markdown"]),
         grid=REPORT_GRID,
         # the pins in effect, as the report lists them (a pin spent or added changes the report)
         pins=json.dumps(
@@ -152,13 +137,14 @@ rule report_pdf:
         f"{VIEW}logs/report/pdf.log",
     localrule: True
     params:
-        code=code_hash("cs336sys.report"),
+        code=code_hash(*why_lib.REPORT_ENTRIES["report_pdf"]),
     shell:
         '"$CS336SYS_PYTHON" -m cs336sys.report pdf {input:q} --out {output:q} > {log} 2>&1 && '
         'echo "report: $(pwd)/{output}"'
 
 
 onstart:
+    say_stale_by_code()
     refuse_corrupt_results(workflow, EXPERIMENT_JOBS, REPO)
     refuse_experiments_this_host_cannot_run(workflow, EXPERIMENT_JOBS, DEVICE)
 

@@ -21,8 +21,8 @@ So each experiment rule carries, as a parameter, a hash of what its experiment's
 
 An entry is a module (everything it holds counts, its `if __name__ == "__main__":` block too: it is
 the program) or `module:function`. `code_hash(*entries)` is 16 hex digits; `manifest(*entries)`
-lists each counted statement with its own hash, and `python -m cs336sys.codehash why` compares the
-manifests of stale jobs against those at their results' commit, naming what changed.
+lists each counted statement with its own hash, which cs336sys.why compares with an earlier commit's to
+name what changed (`python -m cs336sys.codehash why`, the command line in __main__).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from functools import cache
 from pathlib import Path
 
 PACKAGE = "cs336sys"
-SRC = Path(__file__).resolve().parent.parent  # .../src
+SRC = Path(__file__).resolve().parents[2]  # .../src
+RUNNER = "cs336sys.run"  # every experiment job runs its function through it: an experiment's entries are both
 
 # Names whose use in counted code means "look anything up by name at run time": their module counts whole.
 _DYNAMIC = {"globals", "vars", "locals", "eval", "exec", "__import__"}
@@ -278,9 +279,8 @@ def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest
             # any other base (a call's result, a subscript) holds its own names, walked on their own
         elif isinstance(n, ast.Import):
             for a in n.names:
-                if _ours(a.name):
-                    s.lazy_imports.add(a.name)
                 if _ours(a.name):  # `import a.b` binds `a` (the chain walks down); `as c`: a.b
+                    s.lazy_imports.add(a.name)
                     s.bind(n is node, a.asname or a.name.split(".")[0],
                            a.name if a.asname else a.name.split(".")[0], None)
         elif isinstance(n, ast.ImportFrom):
@@ -291,7 +291,6 @@ def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest
             for a in n.names:
                 if a.name == "*":
                     s.dynamic = True
-                    s.lazy_imports.add(target)
                     s.star.add(target)
                     continue
                 s.lazy_imports.add(f"{target}.{a.name}")
@@ -587,10 +586,10 @@ def clear_cache() -> None:
 
 
 # Hashing parses every module a workflow names (a few seconds per `snakemake` run, and per Slurm job,
-# which parses the workflow again). The hashes are kept on disk, keyed by a digest of every source file's
-# path and bytes and of this module's: a changed, added or removed file is another key, so a stored hash
-# is always the one `Tree.code_hash` would compute for the same sources. $CS336SYS_CODEHASH_CACHE names
-# the folder (default ~/.cache/cs336sys/codehash, or under $XDG_CACHE_HOME); "off" turns it off.
+# which parses the workflow again). The hashes are kept on disk, keyed by a digest of what a hash can depend
+# on: every source file's path and bytes, this module's, and the Python that tokenizes them (its version and
+# implementation): a changed, added or removed file, or another Python, is another key. $CS336SYS_CODEHASH_CACHE
+# names the folder (default ~/.cache/cs336sys/codehash, or under $XDG_CACHE_HOME); "off" turns it off.
 CACHE_ENV = "CS336SYS_CODEHASH_CACHE"
 CACHE_FILES = 100  # source states kept
 
@@ -606,8 +605,9 @@ def _cache_dir() -> Path | None:
 
 @cache
 def _sources_digest(root: Path) -> str:
-    """Every source file under `root` (its relative path and bytes) and this module: what a hash can read."""
-    h = hashlib.sha256(Path(__file__).read_bytes())
+    """Every source file under `root` (its relative path and bytes), this module and the Python running it:
+    what a hash can depend on."""
+    h = hashlib.sha256(Path(__file__).read_bytes() + f"\0{sys.implementation.name} {sys.version}\0".encode())
     for path in sorted(root.rglob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:32]
@@ -667,7 +667,10 @@ def code_hash(*entries: str) -> str:
     return _hash(SRC, entries)
 
 
-def manifest(*entries: str) -> dict[str, list[tuple[str, str]]]:
+Manifest = dict[str, list[tuple[str, str]]]  # module -> [(statement label, its hash)]
+
+
+def manifest(*entries: str) -> Manifest:
     return tree().manifest(*entries)
 
 
@@ -676,83 +679,31 @@ def closure(*entries: str) -> list[str]:
     return tree().modules(*entries)
 
 
-def changes(before: dict[str, list[tuple[str, str]]], after: dict[str, list[tuple[str, str]]]) -> list[str]:
-    """What differs between two manifests, a line per module: statements changed, added, removed."""
-    lines = []
+def diff(before: Manifest, after: Manifest) -> list[tuple[str, str, str]]:
+    """(module, how, statement) for each statement changed, newly counted or no longer counted between two
+    manifests, in module and source order; a module whose statements only moved is (module, "reordered", "")."""
+    found = []
     for m in sorted(set(before) | set(after)):
         old, new = before.get(m, []), after.get(m, [])
         if old == new:
             continue
         old_by, new_by = dict(old), dict(new)
-        changed = [label for label, d in new if label in old_by and old_by[label] != d]
-        added = [label for label, _ in new if label not in old_by]
-        removed = [label for label, _ in old if label not in new_by]
-        parts = [f"{what} {', '.join(labels)}" for what, labels in
-                 (("changed:", changed), ("now counts:", added), ("no longer counts:", removed)) if labels]
-        lines.append(f"{m}: " + ("; ".join(parts) or "statements reordered"))
-    return lines
+        rows = ([(m, "changed", label) for label, d in new if label in old_by and old_by[label] != d]
+                + [(m, "now counts", label) for label, _ in new if label not in old_by]
+                + [(m, "no longer counts", label) for label, _ in old if label not in new_by])
+        found += rows or [(m, "reordered", "")]
+    return found
 
 
-# --- the command line ------------------------------------------------------------------------------
+def changes(before: Manifest, after: Manifest) -> list[str]:
+    """What differs between two manifests, a line per module: `module: changed: a, b; now counts: c`."""
+    return describe(diff(before, after))
 
 
-def _why(rules: list[str]) -> list[str]:
-    """For each experiment rule with committed results here: up to date, pinned, or what changed."""
-    from cs336sys import pins as pins_lib
-    from cs336sys import provenance
-
-    by_rule: dict[str, tuple[str, list[str]]] = {}
-    for output, rec in provenance.records():
-        function = provenance.function_param(rec)
-        if function and (not rules or rec.get("rule") in rules):
-            by_rule.setdefault(rec["rule"], (function, []))[1].append(output)
-    unknown = sorted(set(rules) - set(by_rule))
-    if unknown:
-        raise SystemExit(f"error: no committed results with provenance for rule(s) {', '.join(unknown)}")
-    pinned = {rule: p for p in pins_lib.load() for rule in p.rules}
-    lines = []
-    for rule, (function, outputs) in sorted(by_rule.items()):
-        entries = (function, "cs336sys.run")
-        now = code_hash(*entries)
-        made = {provenance.recorded_hash(o) for o in outputs}
-        if made == {now}:
-            if not rules:
-                continue
-            lines.append(f"{rule}: up to date")
-            continue
-        pin = pinned.get(rule)
-        live = pin and pins_lib.code_for(rule, now, outputs, [pin]) != now
-        head = f"{rule}: pinned ({pin.reason})" if live else f"{rule}: stale, its code changed"
-        lines.append(head)
-        lines += [f"    {line}" for line in provenance.explain(entries, outputs)]
-    return lines or ["every experiment job with committed results is up to date by its code"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m cs336sys.codehash", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("why", help="which experiment jobs are stale by their code, and which statements changed")
-    w.add_argument("rules", nargs="*", help="rules to explain (default: every stale or pinned one)")
-    s = sub.add_parser("show", help="what an entry's hash covers: each counted statement and its hash")
-    s.add_argument("entries", nargs="+", help="module or module:function, e.g. cs336sys.bench:run_point")
-    args = p.parse_args(argv)
-    try:
-        if args.command == "why":
-            lines = _why(args.rules)
-        else:
-            lines = [f"{code_hash(*args.entries)}  {' + '.join(args.entries)}"]
-            for m, rows in manifest(*args.entries).items():
-                lines.append(m)
-                lines += [f"    {digest}  {label}" for label, digest in rows]
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def describe(rows: list[tuple[str, str, str]]) -> list[str]:
+    """`diff`'s rows as a line per module."""
+    by: dict[str, dict[str, list[str]]] = {}
+    for m, how, label in rows:
+        by.setdefault(m, {}).setdefault(how, []).append(label)
+    return [f"{m}: " + ("; ".join(f"{how}: {', '.join(labels)}" for how, labels in hows.items() if how != "reordered")
+                        or "statements reordered") for m, hows in by.items()]
