@@ -55,7 +55,7 @@ sys.path.insert(0, str(SRC))
 from cs336sys import codehash as ch  # noqa: E402
 
 FIRST = "ff2008ac"  # the first first-parent commit with src/cs336sys/registry.py (experiments registered)
-BRANCH = "main"
+BRANCH = "cca08cef"  # main's head when measured (2026-11-28 20:43), the sources of this checkout
 RULES = ("R0", "R2", "R1cut", "R1", "R3", "Ptok", "Praw")
 # R1cut: R1 without the re-run machinery, which every experiment reaches by module imports only through
 # `cs336sys.jobs` (its `which` command imports cs336sys.whichjob lazily) and `cs336sys.knobs` (it imports
@@ -296,6 +296,13 @@ def part_stale(rules: dict[str, dict]) -> dict:
             rows.append(row)
         prev = c
     elapsed = time.perf_counter() - t0
+    # the adapter's check: at the last commit, R0 read from git equals codehash's own Tree on this
+    # checkout's src/ (the same sources when the checkout is clean), experiment by experiment
+    head = cache[src_tree[commits[-1]]]["hashes"]["R0"]
+    own = ch.Tree(SRC)
+    adapter_check = {"experiments": len(head),
+                     "equal": sum(own.code_hash(registry_at(cache[src_tree[commits[-1]]]["files"])[e], "cs336sys.run") == h
+                                  for e, h in head.items())}
     BLOBS.p.stdin.close()
     BLOBS.p.wait()
 
@@ -324,11 +331,11 @@ def part_stale(rules: dict[str, dict]) -> dict:
                 for r in rs if r[f"{x}_rules"] != r[f"{y}_rules"] or r[f"{x}_stale"] != r[f"{y}_stale"]]
 
     out = {
-        "range": f"{info[commits[0]]['short']}..{info[commits[-1]]['short']} first-parent of {BRANCH}",
+        "range": f"{info[commits[0]]['short']}..{info[commits[-1]]['short']} first-parent of main",
         "commits": len(commits), "pairs": len(rows), "distinct_src_trees": len(cache),
         "first": info[commits[0]]["date"], "last": info[commits[-1]]["date"],
         "rules_today": sum(weight.values()), "rules_per_experiment": dict(weight),
-        "seconds": round(elapsed, 1),
+        "seconds": round(elapsed, 1), "adapter_check": adapter_check,
         "all_pairs_touching_py": summary(src_rows),
         f"last_{RECENT}_pairs_touching_py": summary(recent),
         "recent_from": recent[0]["commit"] if recent else None,
