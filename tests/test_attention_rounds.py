@@ -86,3 +86,21 @@ def test_without_rounds_results_the_summary_rows_carry_no_verdict():
     rows = _summary(ctx)
     assert len(rows) == 2
     assert all(r["met"] is None and "(one run each, not judged)" in r["part"] for r in rows)
+
+
+def test_the_section_shows_the_rounds_and_the_summary_judges_them(tmp_path):
+    """With rounds results, the section says how they were run and prints their table (the template's other
+    branch than the committed report's), and the summary's rows carry the rounds' verdicts."""
+    from cs336sys import report
+
+    repo = Path(__file__).parents[1]
+    context = json.loads((repo / "results/sections/attention/context.json").read_text())
+    lb_rounds = rounds(_frame({"sdpa_cudnn": [(10.0, 40.0)] * 3, "ours": [(11.0, 50.0), (11.5, 52.0), (10.5, 51.0)],
+                               "gluon_bwd": [(9.0, 38.0), (10.5, 39.0), (9.5, 41.0)]}), tmp_path)
+    text = report.render_section("attention", context | {"lb_rounds": lb_rounds}, repo / "writeup/templates")
+    assert "**In interleaved rounds.** One job per GPU and shape ran every implementation once a round, 3" in text
+    assert "| ours (Triton) |" in text and "1.10× (1.05–1.15)" in text
+    ctx = AttentionContext(env={}, lb_rounds=lb_rounds)
+    triton, gluon = _summary(ctx)
+    assert triton["part"].endswith("(3 rounds)") and triton["met"] is False and "7 tile products" in triton["why"]
+    assert gluon["met"] == "noise" and gluon["why"] is None and "slowest round 1.05×" in gluon["result"]
