@@ -60,30 +60,30 @@ def _span(values) -> str:
 
 
 def test_the_summary_sets_ours_against_cudnn_in_one_row_over_both_shapes_and_gpus(built):
-    """One row, one verdict: the lowest and highest of our forward and backward over cuDNN's at both
-    leaderboard shapes on every GPU, met only where every one is at most 1."""
+    """One row: the lowest and highest of our forward and backward over cuDNN's at both leaderboard shapes on
+    every GPU; without the interleaved-rounds job's results it carries no verdict (one run each: issue 60)."""
     paths, ctx = built
+    if ctx.lb_rounds is not None:
+        pytest.skip("the rounds job has results: its rows are tested in tests/test_attention_rounds.py")
     ratios = _ratios_of(paths, "flash_leaderboard", "ours")
     [row] = [r for r in ctx.summary if r["part"].startswith("Triton FlashAttention-2")]
     fwd, bwd = [f for f, _ in ratios.values()], [b for _, b in ratios.values()]
     assert row["result"].startswith(f"forward {_span(fwd)}, backward {_span(bwd)} cuDNN's time")
-    assert row["met"] == (max(fwd) <= 1 and max(bwd) <= 1)
+    assert row["met"] is None and row["part"].endswith("(one run each, not judged)")
 
 
 def test_the_gluon_summary_sets_the_gluon_forward_and_backward_against_cudnn(built):
     """The Gluon row: the Gluon kernels alone (impl gluon_bwd: its forward and its backward), over cuDNN
     timed in the Gluon job's own process, at both shapes on every GPU; where a part misses, the reason names
-    that part; it counts the runs whose two clocks differ."""
+    that part; it counts the runs whose two clocks differ; without the rounds job's results, no verdict."""
     paths, ctx = built
     ratios = _ratios_of(paths, "flash_leaderboard_gluon", "gluon_bwd")
-    if not ratios:
-        pytest.skip("no committed Gluon attention results")
+    if not ratios or ctx.lb_rounds is not None:
+        pytest.skip("no committed Gluon attention results, or the rounds job's (tests/test_attention_rounds.py)")
     [row] = [r for r in ctx.summary if r["part"].startswith("Gluon")]
     fwd, bwd = [f for f, _ in ratios.values()], [b for _, b in ratios.values()]
     assert row["result"].startswith(f"forward {_span(fwd)}, backward {_span(bwd)} cuDNN's time")
-    assert row["met"] == (max(fwd) <= 1 and max(bwd) <= 1)
-    assert ("backward" in (row["why"] or "")) == (max(bwd) > 1)
-    assert ("forward" in (row["why"] or "")) == (max(fwd) > 1)
+    assert row["met"] is None and row["why"] is None
     apart = sum(1 for ed in ctx.lb_gluon["editions"] if ed["clocks_differ"]["gluon_bwd"])
     assert (f"SM clocks differ in {apart} of {len(ratios)} runs" in row["result"]) == (apart > 0)
 

@@ -62,12 +62,52 @@ for gpu in GLUON["gpus"]:
 if not GLUON["gpus"]:
     experiment_job("flash_leaderboard_gluon", "", [], [])  # declared; the main grid has no points until measured
 
+
+def rotated_rounds(points, rounds):
+    """Every point once a round, round r starting from the r-th point (ABCD BCDA CDAB): the implementations
+    alternate in time, so a drift of the GPU falls on all of them, and none always follows the same one, so
+    what one leaves behind (a hot GPU, a lower clock) is not charged to its successor in every round."""
+    return [p | {"round": r} for r in range(rounds) for p in points[r % len(points) :] + points[: r % len(points)]]
+
+
+# The comparisons of the summary in interleaved rounds, one job per (GPU model, shape): every implementation
+# once a round, in one process (cs336sys.attention.bench_rounds). Jobs under `pending` wait in the overlay next.
+ROUNDS = LB.get("rounds") or {"gpus": []}
+ROUNDS_PENDING = set(ROUNDS.get("pending", []))
+for gpu in ROUNDS["gpus"]:
+    for edition, shape in LB["shapes"].items():
+        job = f"{gpu.lower()}-{edition}"
+        if job in ROUNDS_PENDING:
+            continue
+        variants = [
+            point("flash_leaderboard_rounds", LB, impl=impl, edition=edition, causal=True, gpu_model=gpu, **shape)
+            for impl in ROUNDS["impls"]
+        ]
+        points = rotated_rounds(variants, ROUNDS["rounds"])
+        experiment_job(
+            "flash_leaderboard_rounds",
+            job,
+            points,
+            [f"results/flash_leaderboard_rounds/{job}/{p['impl']}-r{p['round']}.json" for p in points],
+        )
+experiment_job("flash_leaderboard_rounds", "", [], [])  # declared, also where every job is pending
+
 section(
     "attention",
-    results_of("pytorch_attention", "flash_benchmarking", "flash_leaderboard", "flash_leaderboard_gluon")
+    results_of(
+        "pytorch_attention",
+        "flash_benchmarking",
+        "flash_leaderboard",
+        "flash_leaderboard_gluon",
+        "flash_leaderboard_rounds",
+    )
     # wall time of each flash-grid job, compilation included
     + timings_of("flash_benchmarking")
     # the bf16 matrix-product ceiling bounds the attainable speed-up over naive attention
     + results_of("matmul_peak"),
-    extra={"reference_ms": LB.get("reference_ms", {}), "reference_source": LB.get("reference_source")},
+    extra={
+        "reference_ms": LB.get("reference_ms", {}),
+        "reference_source": LB.get("reference_source"),
+        "rounds_pending": sorted(ROUNDS_PENDING),
+    },
 )

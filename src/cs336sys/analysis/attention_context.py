@@ -73,6 +73,11 @@ class AttentionContext(SectionContext):
     lb_gluon: dict | None = None
     """The Gluon kernels against cuDNN in the same job: the table, per (GPU, edition) ratios, clocks (and
     whether they differ from cuDNN's) and forward+backward times, the GPUs."""
+    lb_rounds: dict | None = None
+    """The leaderboard shapes in interleaved rounds (`attention_rounds.rounds`): the table, per (GPU, edition)
+    each implementation's ratios to cuDNN with their per-round range, verdicts and clocks, the rounds."""
+    lb_rounds_pending: list[str] | None = None
+    """The rounds jobs that wait in the overlay `next` (none measured yet)."""
     lb_clock_tolerance: float | None = None
     """How far apart (relative) two SM clocks may be and count as one (`attention_leaderboard.CLOCK_TOLERANCE`)."""
     lb_public: dict | None = None

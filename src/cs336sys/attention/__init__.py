@@ -33,6 +33,7 @@ Options kept because a test runs them (`flash_gluon.BACKWARD_VARIANTS`: the meas
 Experiment points (`cs336sys.registry`)
     bench.py                          pytorch_attention, flash_benchmarking, flash_leaderboard
     bench_gluon.py                    flash_leaderboard_gluon
+    bench_rounds.py                   flash_leaderboard_rounds (the implementations in interleaved rounds)
 
 This package file imports nothing, so that a module using one implementation (the model uses the
 naive one) is not tied, in its code hash or its imports, to the others; Triton in particular is
