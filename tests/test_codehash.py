@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys import codehash, registry
+from cs336sys.codehash import reachable
 
 RUNNER = "cs336sys.run"
 
@@ -34,7 +35,7 @@ def experiment_hashes(reuse: bool = True) -> dict[str, str]:
 
 
 _PARSED: dict[tuple[str, bool, str], codehash.Module] = {}
-_parse = codehash._parse
+_parse = reachable._parse
 
 
 def _parse_once(path: Path, module: str, text: str) -> codehash.Module:
@@ -51,7 +52,7 @@ def src_copy(tmp_path, monkeypatch):
     """A private copy of the package sources for hashing, so tests can edit them."""
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
-    monkeypatch.setattr(codehash, "_parse", _parse_once)
+    monkeypatch.setattr(reachable, "_parse", _parse_once)
     monkeypatch.setenv(codehash.CACHE_ENV, str(tmp_path / "hash-cache"))
     codehash.clear_cache()
     yield tmp_path / "cs336sys"

@@ -15,8 +15,6 @@ FUNCTION_LINES = 80
 # reached by experiment rules (`python -m cs336sys.codehash show`), and a pin holds its rules only while
 # their code hashes as when pinned: a split re-runs them, so it waits for those results to be re-made.
 MODULES = {
-    "cs336sys/codehash/__init__.py": (709, "the re-run machinery, being rewritten by the re-run issue (64)"),
-    "cs336sys/whichjob.py": (603, "the re-run machinery, being rewritten by the re-run issue (64)"),
     "cs336sys/attention/flash_gluon_backward_ws.py": (
         519, "a Gluon kernel and its launcher, reached by the Gluon leaderboard and 8B step jobs"),
     "cs336sys/attention/bench.py": (
@@ -25,7 +23,6 @@ MODULES = {
 FUNCTIONS = {
     "cs336sys/profiling/memory.py:summarize_snapshot": (
         115, "run inside the memory_snapshot and checkpointing jobs"),
-    "cs336sys/codehash/__init__.py:Tree.reach": (101, "the re-run machinery, being rewritten by the re-run issue (64)"),
 }
 
 

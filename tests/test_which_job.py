@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys import codehash, knobs, provenance, whichjob
+from cs336sys.whichjob import model
 
 REPO = Path(__file__).resolve().parent.parent
 PROXY = "results/fsdp_step/2.7B-proxy/ours-bf16-layer.json"
@@ -111,11 +112,11 @@ def test_a_changed_code_hash_is_reported_stale_with_the_reason(monkeypatch):
 
 def test_the_recorded_point_and_its_difference():
     rec = provenance.record(PEAK)
-    point = whichjob._recorded_point(rec, PEAK)
+    point = model._recorded_point(rec, PEAK)
     assert point is not None and point["dtype"] == "bf16"
     assert "n" not in point  # the record holds the point less its defaults (knobs.without_defaults)
     full = knobs.with_defaults("matmul_peak", point)
-    assert whichjob._point_diff(full, {**full, "n": 4096}) == [f"n: {full['n']} -> 4096"]
+    assert model._point_diff(full, {**full, "n": 4096}) == [f"n: {full['n']} -> 4096"]
 
 
 def test_each_result_lies_in_its_experiments_folder_and_its_jobs(wf):

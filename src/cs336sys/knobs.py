@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 from cs336sys import registry
-from cs336sys.codehash import _absolute  # the module a relative import names
+from cs336sys.codehash.statements import _absolute  # the module a relative import names
 
 SRC = Path(__file__).resolve().parent.parent  # .../src
 NO_DEFAULT = object()

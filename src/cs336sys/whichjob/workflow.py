@@ -1,134 +1,32 @@
-"""Which rule makes a file, with which point, and whether it is up to date; and a rule's files.
-
-    python -m cs336sys.jobs which results/fsdp_step/2.7B-proxy/ours-bf16-layer.json
-    python -m cs336sys.jobs which results/autocast_dtypes       # a folder: every rule with files in it
-    python -m cs336sys.jobs rule fsdp_step_2_7B_proxy       # a rule's files, each with its status
-    python -m cs336sys.jobs which PATH --config grid=next   # the rules of another grid (overlay, smoke)
-    python -m cs336sys.jobs rule matmul_peak --json         # the same, as JSON
-
-Rules are generated (workflow/rules/rules.smk makes one per registered job), so no `rule X:` can be
-grepped. This asks Snakemake: the workflow is parsed through Snakemake's API as `snakemake -n` parses
-it (every experiment's code hash included, which takes a few seconds), so the rules, their files and
-parameters are those a run of that grid would use. Whether a file is up to date is Snakemake's verdict
-on its job, from the DAG of the files asked about (what `snakemake -n FILE` would run, and why). On
-top of that it says the experiment and the point (the JSON settings the rule passes for that result
-file), the code hash the file's provenance record holds against the one the rule passes now, the pin
-in effect (cs336sys.pins) and, for an experiment whose code changed, which statements changed since
-its results' commit or its pin (cs336sys.why). Nothing is run, and no file of the checkout is
-written (Snakemake may make its own empty working folders under `.snakemake/`, as `snakemake -n` does).
-
-Exit status: 0; 2 for a path no rule makes or a rule the workflow does not have (close names are
-suggested); 1 when the workflow cannot be parsed.
-"""
+"""The workflow of a checkout as Snakemake parses it, and the two questions asked of it: which rule makes a
+file, and what a rule's files are; each with Snakemake's verdict on its job and why in words."""
 
 from __future__ import annotations
 
-import argparse
-import ast
 import contextlib
 import difflib
 import io
 import json
 import os
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cs336sys import codehash, knobs, provenance, registry
 from cs336sys import pins as pins_lib
 from cs336sys import why as why_lib
-
-REPORT_RULES = ("report_markdown", "report_pdf")
-
-
-class Unknown(LookupError):
-    """A path no rule makes, or a rule the workflow does not have; the message names close matches."""
-
-
-@dataclass
-class Output:
-    """One file or folder a rule declares (relative to the workflow's working directory)."""
-
-    path: str
-    rule: str
-    role: str  # result | rendered | output | log | benchmark
-    index: int | None = None  # the point's position among the job's points (result and rendered files)
-
-
-@dataclass
-class Rule:
-    """A rule as the parsed workflow has it, with what the project's registry says it is."""
-
-    name: str
-    kind: str  # experiment | section | report | target
-    outputs: list[Output]
-    params: dict[str, Any]
-    experiment: str | None = None
-    function: str | None = None
-    section: str | None = None
-    points: list[dict] = field(default_factory=list)
-    registered_in: list[str] = field(default_factory=list)
-
-    @property
-    def results(self) -> list[str]:
-        return [o.path for o in self.outputs if o.role == "result"]
-
-    @property
-    def declared(self) -> list[str]:
-        """What Snakemake knows as the rule's outputs (logs and timing records are not)."""
-        return [o.path for o in self.outputs if o.role in ("result", "rendered", "output")]
-
-
-def find_repo(start: Path | None = None) -> Path:
-    """The checkout: the nearest folder at or above `start` (default: here) with a Snakefile, else the one
-    this package lies in."""
-    here = (start or Path.cwd()).resolve()
-    for folder in [here, *here.parents]:
-        if (folder / "Snakefile").is_file():
-            return folder
-    return Path(__file__).resolve().parents[2]
-
-
-def _registrations(repo: Path) -> dict[str, list[str]]:
-    """`experiment:NAME` / `section:NAME` -> the `file:line` of each part-file call that registers it."""
-    found: dict[str, list[str]] = {}
-    call = re.compile(r"\b(experiment_job|section)\(\s*[\"'](\w+)[\"']")
-    for smk in sorted((repo / "workflow" / "rules").glob("*.smk")):
-        text = smk.read_text()
-        for m in call.finditer(text):
-            what = "experiment" if m.group(1) == "experiment_job" else "section"
-            line = text.count("\n", 0, m.start()) + 1
-            found.setdefault(f"{what}:{m.group(2)}", []).append(f"{smk.relative_to(repo)}:{line}")
-    return found
-
-
-def _recorded_point(rec: dict | None, path: str) -> dict | None:
-    """The point a provenance record's job passed for `path` (from its `points` and `results` parameters)."""
-    values = []
-    for p in (rec or {}).get("params", []):
-        try:
-            values.append(ast.literal_eval(p))
-        except (ValueError, SyntaxError):
-            continue
-    results = next((v for v in values if isinstance(v, list) and path in v), None)
-    if results is None:
-        return None
-    for v in values:
-        if isinstance(v, str) and v.startswith("["):
-            try:
-                points = json.loads(v)
-            except ValueError:
-                continue
-            if isinstance(points, list) and len(points) == len(results):
-                return points[results.index(path)]
-    return None
-
-
-def _point_diff(before: dict, after: dict) -> list[str]:
-    return [f"{k}: {json.dumps(before.get(k))} -> {json.dumps(after.get(k))}"
-            for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+from cs336sys.whichjob.model import (
+    REPORT_RULES,
+    Output,
+    Rule,
+    Unknown,
+    WorkflowParseError,
+    _point_diff,
+    _recorded_point,
+    _registrations,
+    find_repo,
+)
+from cs336sys.whichjob.render import _listed
 
 
 class Workflow:
@@ -463,141 +361,3 @@ def _restore(cwd: str, environ: dict[str, str], path: list[str]) -> None:
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path
-
-
-class WorkflowParseError(RuntimeError):
-    """Snakemake could not parse the workflow; the message holds what it printed."""
-
-
-# --- text ----------------------------------------------------------------------------------------------
-
-
-def _listed(names: list[str], most: int = 6) -> str:
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def _what(d: dict[str, Any]) -> str:
-    if d["kind"] == "experiment":
-        return f"experiment {d['experiment']} ({d['function']})"
-    if d["kind"] == "section":
-        return f"section {d['section']} ({d['module']})"
-    return "the report" if d["kind"] == "report" else "a target"
-
-
-def _where(d: dict[str, Any]) -> str:
-    """` (registered at workflow/rules/sharding.smk:16,25,34)`: where the rule comes from, by file (the
-    part file's registering calls; for the report and targets, the rule itself)."""
-    lines: dict[str, list[str]] = {}
-    for place in d["registered_in"]:
-        f, _, line = place.rpartition(":")
-        lines.setdefault(f, []).append(line)
-    verb = "registered" if d["kind"] in ("experiment", "section") else "defined"
-    return f" ({verb} at {', '.join(f'{f}:' + ','.join(n) for f, n in lines.items())})" if lines else ""
-
-
-def _verdict(d: dict[str, Any], status: str) -> str:
-    """`up to date (code X)`, `up to date, pinned (code X; the code is now Y)`, or the status."""
-    code, made = d["code"].get("rule"), d.get("made_with") or []
-    if status == "up to date" and code:
-        return f"up to date (code {', '.join(made) or code})"
-    if status == "up to date, pinned":
-        return f"up to date, pinned (code {', '.join(made)}; the code is now {d['code']['live']})"
-    return status
-
-
-def render_which(entries: list[dict[str, Any]]) -> str:
-    lines: list[str] = []
-    for e in entries:
-        if "error" in e:
-            continue
-        if e.get("folder"):
-            lines.append(f"{e['path']}/: files of {len(e['rules'])} rule(s)")
-            for r in e["rules"]:
-                state = "up to date" if r["up_to_date"] else "stale"
-                lines.append(f"  {r['rule']:<36} {r['files']:>3} file(s)  {state:<10}  {_what(r)}")
-            continue
-        lines.append(e["path"] + (f"  (in {e['in']}/)" if "in" in e else ""))
-        lines.append(f"  rule        {e['rule']}{_where(e)}")
-        lines.append(f"  made by     {_what(e)}" + (f", its {e['role']}" if e["role"] in ("log", "benchmark") else ""))
-        if "point" in e:
-            point = json.dumps(e["point"], sort_keys=True)
-            lines.append(f"  point       {e['point_index'] + 1} of {e['points']}: {point}")
-        lines.append(f"  status      {_verdict(e, e['status'])}")
-        lines += [f"              {line}" for line in e["why"]]
-    return "\n".join(lines)
-
-
-def render_rule(d: dict[str, Any]) -> str:
-    job = ("up to date, pinned" if d["pinned"] else "up to date" if d["up_to_date"]
-           else "stale: snakemake would run it")
-    lines = [f"rule {d['rule']}{_where(d)}", f"  made by     {_what(d)}",
-             f"  job         {_verdict(d, job)}"]
-    lines += [f"              {line}" for line in d["why"]]
-    for e in d["outputs"]:
-        point = f"  point {e['point_index'] + 1}: {json.dumps(e['point'], sort_keys=True)}" if "point" in e else ""
-        lines.append(f"  {e['role']:<10}  {e['path']}  [{e['status']}]{point}")
-        lines += [f"                {line}" for line in e["why"]]
-    lines += [f"  input       {f}" for f in d.get("inputs", [])]
-    if not d["outputs"] and not d.get("inputs"):
-        lines.append("  (no files)")
-    return "\n".join(lines)
-
-
-# --- the command line ----------------------------------------------------------------------------------
-
-
-def _config(entries: list[str]) -> dict[str, Any]:
-    from snakemake.cli import parse_config
-
-    return parse_config(entries)
-
-
-def main(argv: list[str] | None = None, prog: str = "python -m cs336sys.whichjob") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("which", help="the rule, point and status of each file (or the rules of a folder)")
-    w.add_argument("paths", nargs="*", help="files or folders, relative to the checkout or absolute")
-    r = sub.add_parser("rule", help="a rule's files, each with its point and status")
-    r.add_argument("name", help="a rule name, e.g. fsdp_step_2_7B_proxy")
-    for s in (w, r):
-        s.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE",
-                       help="the workflow's config, as snakemake takes it (grid=next, grid=smoke, pins=off)")
-        s.add_argument("--json", action="store_true", help="print JSON")
-    args = p.parse_args(argv)
-    # words after --config without '=' are paths (or the rule), so `which --config grid=next PATH` works too
-    loose = [c for c in args.config if "=" not in c]
-    config = [c for c in args.config if "=" in c]
-    if args.command == "which":
-        args.paths += loose
-        if not args.paths:
-            p.error("which: name at least one path")
-    elif loose:
-        p.error(f"unrecognized arguments: {' '.join(loose)}")
-    paths = [os.path.abspath(x) for x in args.paths] if args.command == "which" else []
-    try:
-        with Workflow(config=_config(config)) as wf:
-            if args.command == "which":
-                entries = wf.which(paths)
-                for e, asked in zip(entries, args.paths, strict=True):
-                    if "error" in e:
-                        e["path"] = asked
-                text = json.dumps(entries, indent=1) if args.json else render_which(entries)
-                if text:
-                    print(text)
-                errors = [e["error"] for e in entries if "error" in e]
-                for message in errors:
-                    print(f"error: {message}", file=sys.stderr)
-                return 2 if errors else 0
-            d = wf.rule_outputs(args.name)
-            print(json.dumps(d, indent=1) if args.json else render_rule(d))
-            return 0
-    except Unknown as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
-        return 2
-    except WorkflowParseError as e:
-        print(f"error: the workflow could not be parsed:\n{e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
