@@ -3,8 +3,8 @@
     python tools/migrate_code_hashes.py OLD_CODEHASH.py [--write]
 
 For each record in `.snakemake/metadata` that holds a `code` parameter:
-- if its result names its commit (`env.git_commit`) and the old rule (OLD_CODEHASH.py, the previous
-  `cs336sys/codehash.py`) applied to that commit's sources gives the recorded hash, the record gets the
+- if its result names its commit (`env.git_commit`) and the old rule (OLD_CODEHASH.py: the previous
+  rule in one file, as `cs336sys/codehash.py` was before it became a package) applied to that commit's sources gives the recorded hash, the record gets the
   current rule's hash of that commit's sources. A job is then up to date exactly when the current rule
   sees no change between the code it was made with and the code here;
 - else, if it holds the hash the old rule gives this checkout's code and both rules count the same
@@ -48,7 +48,7 @@ def _old_entries(entries: tuple[str, ...], by_module: bool) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("old", type=Path, help="the previous cs336sys/codehash.py")
+    p.add_argument("old", type=Path, help="the previous rule in one file (as cs336sys/codehash.py was)")
     p.add_argument("--old-by-module", action="store_true",
                    help="the old rule hashed the experiment function's whole module (the first rule did)")
     p.add_argument("--write", action="store_true")
