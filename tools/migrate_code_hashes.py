@@ -3,10 +3,11 @@
     python tools/migrate_code_hashes.py OLD_CODEHASH.py [--write]
 
 For each record in `.snakemake/metadata` that holds a `code` parameter:
-- if its result names its commit (`env.git_commit`) and the old rule (OLD_CODEHASH.py: the previous
-  rule in one file, as `cs336sys/codehash.py` was before it became a package) applied to that commit's
-  sources gives the recorded hash, the record gets the current rule's hash of that commit's sources. A job is then up to date exactly when the current rule
-  sees no change between the code it was made with and the code here;
+- if its result names its commit (`env.git_commit`) and the old rule (OLD_CODEHASH.py: the previous rule
+  in one file, as `cs336sys/codehash.py` was before it became a package) applied to that commit's
+  sources gives the recorded hash, the record gets the current rule's hash of that commit's sources. A
+  job is then up to date exactly when the current rule sees no change between the code it was made with
+  and the code here;
 - else, if it holds the hash the old rule gives this checkout's code and both rules count the same
   statements here, it gets the current rule's hash here (up to date, and a rule that counts nothing more
   cannot have missed a change);
