@@ -104,3 +104,19 @@ def test_the_section_shows_the_rounds_and_the_summary_judges_them(tmp_path):
     triton, gluon = _summary(ctx)
     assert triton["part"].endswith("(3 rounds)") and triton["met"] is False and "7 tile products" in triton["why"]
     assert gluon["met"] == "noise" and gluon["why"] is None and "slowest round 1.05×" in gluon["result"]
+
+
+def test_the_rounds_settings_are_the_leaderboard_settings_and_a_round():
+    """The rounds job's settings repeat `LeaderboardSettings` field by field (the knobs' reader parses one
+    class, not its bases): the two may not drift apart."""
+    import dataclasses
+
+    from cs336sys.attention.bench import LeaderboardSettings
+    from cs336sys.attention.bench_rounds import LeaderboardRoundsSettings
+
+    def spec(cls):
+        return {f.name: (str(f.type), f.default) for f in dataclasses.fields(cls)}
+
+    rounds = spec(LeaderboardRoundsSettings)
+    assert rounds.pop("round") == ("int", 0)
+    assert rounds == spec(LeaderboardSettings)
