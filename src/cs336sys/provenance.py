@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -102,14 +103,26 @@ def sources_at(commit: str, repo: Path | str = ".") -> Path | None:
     target = _SOURCES / full
     if (target / ".complete").exists():
         return target / "src"
-    target.mkdir(parents=True, exist_ok=True)
-    archive = target / "src.tar"
-    done = subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), full, "src"], cwd=repo,
-                          capture_output=True, timeout=60)
-    if done.returncode != 0:
-        return None
-    with tarfile.open(archive) as tar:
-        tar.extractall(target, filter="data")
-    archive.unlink()
-    (target / ".complete").touch()
-    return target / "src"
+    # Unpacked in a folder of its own, then renamed into place whole: processes that ask for the same
+    # commit at once (test workers, Slurm jobs) never read one another's half-written archive.
+    _SOURCES.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{full[:12]}-", dir=_SOURCES))
+    try:
+        archive = work / "src.tar"
+        done = subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), full, "src"], cwd=repo,
+                              capture_output=True, timeout=60)
+        if done.returncode != 0:
+            return None
+        with tarfile.open(archive) as tar:
+            tar.extractall(work, filter="data")
+        archive.unlink()
+        (work / ".complete").touch()
+        if target.exists() and not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)  # left half-done by an older version of this function
+        try:
+            work.rename(target)
+        except OSError:  # another process put it there first
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target / "src" if (target / ".complete").exists() else None
