@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cs336sys.analysis.attention import _summary
+from cs336sys.analysis.attention import _summary, rounds_limitation
 from cs336sys.analysis.attention_context import AttentionContext
 from cs336sys.analysis.attention_rounds import rounds, summary_row
 
@@ -86,6 +86,9 @@ def test_without_rounds_results_the_summary_rows_carry_no_verdict():
     rows = _summary(ctx)
     assert len(rows) == 2
     assert all(r["met"] is None and "(one run each, not judged)" in r["part"] for r in rows)
+    [line] = rounds_limitation(ctx)  # and the conclusions say so
+    assert "does not judge them" in line and "`flash_leaderboard_rounds`" in line
+    assert rounds_limitation(AttentionContext(env={})) == []  # nothing measured: nothing to say
 
 
 def test_the_section_shows_the_rounds_and_the_summary_judges_them(tmp_path):
@@ -101,6 +104,7 @@ def test_the_section_shows_the_rounds_and_the_summary_judges_them(tmp_path):
     assert "**In interleaved rounds.** One job per GPU and shape ran every implementation once a round, 3" in text
     assert "| ours (Triton) |" in text and "1.10× (1.05–1.15)" in text
     ctx = AttentionContext(env={}, lb_rounds=lb_rounds)
+    assert rounds_limitation(ctx) == []
     triton, gluon = _summary(ctx)
     assert triton["part"].endswith("(3 rounds)") and triton["met"] is False and "7 tile products" in triton["why"]
     assert gluon["met"] == "noise" and gluon["why"] is None and "slowest round 1.05×" in gluon["result"]

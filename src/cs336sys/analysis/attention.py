@@ -75,12 +75,22 @@ def build(paths: list[Path], out: Path, reference_ms: dict | None = None, refere
     ctx.summary = _summary(ctx)
     ctx.limitations = []
     ctx.flash_fp32_precision = fp32_precision(flash)
+    ctx.limitations += rounds_limitation(ctx)
     if (flash["dtype"] == "fp32").any() and not ((flash["impl"] == "triton_ieee") & (flash["status"] == "ok")).any():
         ctx.limitations.append("The fp32 points of our Triton kernel multiply in TF32 (Triton's default for a "
                                "float32 `tl.dot`), SDPA's in full fp32: the fp32 ratios of ours to SDPA compare "
                                "unlike precisions. The kernels also run with IEEE float32 products "
                                "(`triton_ieee`); those points wait in the overlay `next` for a GPU.")
     return ctx
+
+
+def rounds_limitation(ctx: AttentionContext) -> list[str]:
+    """The conclusion's line while the leaderboard comparison has one-run ratios only (no rounds results)."""
+    if ctx.lb_rounds or not (ctx.lb_editions or ctx.lb_gluon):
+        return []
+    return ["Our attention kernels against cuDNN at the leaderboards' shapes are timed once each, one "
+            "implementation after another, so the summary does not judge them; the jobs that time them in "
+            "interleaved rounds (`flash_leaderboard_rounds`) wait in the overlay `next`."]
 
 
 def _summary(ctx: AttentionContext) -> list[dict]:
