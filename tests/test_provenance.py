@@ -27,3 +27,13 @@ def test_sources_of_a_commit_asked_for_at_once_are_whole(tmp_path, monkeypatch):
     unpacked = sorted(Path("src") / p.relative_to(got[0]) for p in got[0].rglob("*.py"))
     assert unpacked == want
     assert [p.name for p in (tmp_path / "sources").iterdir()] == [head]  # no work folder left behind
+
+
+def test_sources_of_a_commit_from_a_folder_inside_the_checkout(tmp_path, monkeypatch):
+    """The smoke grid runs the workflow from `smoke/`: `src` is still the checkout's top-level one."""
+    if not (REPO / ".git").exists():
+        pytest.skip("needs the repository's git history (a copied tree has none)")
+    monkeypatch.setattr(provenance, "_SOURCES", tmp_path / "sources")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    got = provenance.sources_at(head, REPO / "src" / "cs336sys")
+    assert got is not None and (got / "cs336sys" / "provenance.py").exists()

@@ -109,7 +109,8 @@ def sources_at(commit: str, repo: Path | str = ".") -> Path | None:
     work = Path(tempfile.mkdtemp(prefix=f"{full[:12]}-", dir=_SOURCES))
     try:
         archive = work / "src.tar"
-        done = subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), full, "src"], cwd=repo,
+        top = git("rev-parse", "--show-toplevel", cwd=repo) or repo  # `src` is the top's, from any folder
+        done = subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), full, "src"], cwd=top,
                               capture_output=True, timeout=60)
         if done.returncode != 0:
             return None
