@@ -107,3 +107,25 @@ def test_the_number_filter_prints_at_most_four_significant_digits_of_a_measured_
     # issue 60: prose printed "50.765 GiB", "1.0000×" and a raw "25301.7106024295"; counts print whole
     from cs336sys.report import _num
     assert _num(value, digits) == text
+
+
+def test_distinct_names_say_what_kernels_of_one_template_do():
+    """Three elementwise kernels of one template read alike once compacted: each keeps the identifier that
+    only it has (its functor), so the prose that names them tells them apart."""
+    from cs336sys.analysis.profiling import distinct_names
+
+    names = ["elementwise_kernel<128, 2, gpu_kernel_impl_nocast<BinaryFunctor<float, …",
+             "elementwise_kernel<128, 2, gpu_kernel_impl_nocast<masked_fill_kernel(Te…",
+             "elementwise_kernel<128, 2, gpu_kernel_impl_nocast<direct_copy_kernel_cu…"]
+    assert distinct_names(names, 60) == ["elementwise_kernel<BinaryFunctor>", "elementwise_kernel<masked_fill_kernel>",
+                                         "elementwise_kernel<direct_copy_kernel_cu>"]
+
+
+def test_a_column_of_numbers_some_in_bold_is_right_aligned():
+    """Table 19's fastest bucket sizes are bold: a column mostly of bold numbers is still a column of numbers."""
+    import pandas as pd
+
+    from cs336sys.analysis.common import markdown_table
+
+    table = markdown_table(pd.DataFrame({"job": ["a", "b", "c"], "1000 MiB": ["**738.6**", "313.6", "**350.2**"]}))
+    assert table.splitlines()[1] == "|:---|---:|"

@@ -88,9 +88,8 @@ def rounds_limitation(ctx: AttentionContext) -> list[str]:
     """The conclusion's line while the leaderboard comparison has one-run ratios only (no rounds results)."""
     if ctx.lb_rounds or not (ctx.lb_editions or ctx.lb_gluon):
         return []
-    return ["Our attention kernels against cuDNN at the leaderboards' shapes are timed once each, one "
-            "implementation after another, so the summary does not judge them; the jobs that time them in "
-            "interleaved rounds (`flash_leaderboard_rounds`) wait in the overlay `next`."]
+    return ["Our attention kernels against cuDNN at the leaderboards' shapes: one run each, so the summary "
+            "does not judge them until `flash_leaderboard_rounds` (overlay `next`) times them in rounds."]
 
 
 def _summary(ctx: AttentionContext) -> list[dict]:

@@ -52,7 +52,7 @@ def _numeric(column: pd.Series) -> bool:
     if pd.api.types.is_numeric_dtype(column):
         return True
     cells = [v for v in column if (isinstance(v, str) and v) or _is_number(v)]
-    numbers = sum(_is_number(c) or bool(_NUMBER.fullmatch(c)) for c in cells)
+    numbers = sum(_is_number(c) or bool(_NUMBER.fullmatch(c.strip("*"))) for c in cells)  # **738.6**: bold
     return numbers > 0 and numbers >= len(cells) / 2
 
 

@@ -40,9 +40,7 @@ SLOWER_PAIRS = 0.9  # "slower than the configuration before": in this fraction o
 WHY_OUTSIDE = ("the roofline prices every product at the 8192-cube product's rate, which the smaller sizes' "
                "products do not reach in the step, and counts no activation traffic (norms, SwiGLU gate, RoPE, "
                "residual adds); at small the products, attention and optimizer alone came to more than 1.3× on "
-               "an H100, and the levers left at medium were bounded or measured slower on an H200 "
-               "(notes/runs/2026-11-25-h100-step-gap, 2026-11-28-h200-copy-bounds, 2026-11-28-h200-update-overlap, "
-               "2026-11-28-h200-gate-epilogues, 2026-11-28-h200-wgrad-streams)")
+               "an H100, and the levers left at medium were bounded or measured slower on an H200 (notes/runs/)")
 
 
 def _copy_bandwidth(row) -> tuple[float | None, str]:

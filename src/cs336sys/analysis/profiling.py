@@ -51,13 +51,23 @@ def compact_name(name: str, width: int = 44) -> str:
 
 
 def distinct_names(names: list[str], width: int = 44) -> list[str]:
-    """`compact_name` of each, except that names whose compact forms coincide keep the part where they
-    differ (a cuBLAS kernel's tile shape, say): the compact form's start, an ellipsis, then the text around
-    the first character at which the full names differ."""
+    """`compact_name` of each, except that names whose compact forms coincide say where they differ: the
+    first identifier of the full name that the others of the group lack (the functor of an elementwise
+    kernel, say), after the compact form's base; failing that, the text around the first character at
+    which the full names differ (a cuBLAS kernel's tile shape)."""
     short = [compact_name(n, width) for n in names]
     for label in {s for s in short if short.count(s) > 1}:
         group = [i for i, s in enumerate(short) if s == label]
         full = [names[i] for i in group]
+        words = [re.findall(r"[A-Za-z_]\w*", f) for f in full]
+        own = [next((w for w in ws if len(w) > 2 and w not in _TYPES
+                     and sum(w in other for other in words) == 1), None) for ws in words]
+        base = label.partition("<")[0]
+        said = [compact_name(f"{base}<{w}>", width) for w in own] if all(own) else []
+        if len(set(said)) == len(group):
+            for i, name in zip(group, said, strict=True):
+                short[i] = name
+            continue
         first = next((k for k in range(min(map(len, full))) if len({f[k] for f in full}) > 1), None)
         if first is None:
             continue
@@ -287,8 +297,9 @@ def _top_kernels(ctx: ProfilingContext, out: Path, forward: dict, train: dict) -
         ctx.tables["top_forward"] = save_table(_kernel_rows(fwd["top"], "forward"), out, "top_forward", digits=2)
         non = fwd["top_non_matmul"]
         ctx.tables["non_matmul"] = save_table(_kernel_rows(non, "forward"), out, "non_matmul_forward", digits=2)
-        ctx.non_matmul = [{"name": compact_name(r["short_name"], 60), "class": r["class"], "share": 100 * r["share"]}
-                             for r in non[:4]]
+        ctx.non_matmul = [{"name": name, "class": r["class"], "share": 100 * r["share"]}
+                          for name, r in zip(distinct_names([r["short_name"] for r in non[:4]], 60), non[:4],
+                                             strict=True)]
     fb = train[key]["scopes"].get("forward+backward") if key in train else None
     if fb:
         top = fb["top"][0]

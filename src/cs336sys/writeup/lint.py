@@ -51,6 +51,12 @@ _GLUED_PARAGRAPH = re.compile(r"\.\)(?=[^\s,;:.)\]|'\"\u2019])|(?<=[\w'\u2019)])
                               r"|\)\((?=[A-Za-z])|(?<=[\w.])\)(?=[A-Za-z]{2})")
 # "every sequence length.At short sequences": a word, its full stop, and the next sentence's (not a dotted name)
 _GLUED_SENTENCE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*\.(?=[A-Z][a-z]*\s+[a-z])")
+# "save 10.87 to 21.21 GiB(73% to 81%", "on this machine(met by construction": a unit or a word glued to the
+# bracket after it (a template's line break eaten)
+_GLUED_UNIT = re.compile(r"\d\s?(?:GiB|MiB|KiB|GB/s|TFLOP/s|ms|µs|MHz|%|×)\((?!s\))|(?<=[a-z]{4})\((?=[a-z]+ [a-z])")
+# "The largest relative difference is 0.000000": a zero printed to six places says neither how small the
+# value is nor that it is exact; significant digits do not catch it (a zero has none).
+_ZERO_DIGITS = re.compile(r"(?<![\w.])0\.0{5,}(?![\d])")
 # A number with more digits than anything here is measured to: raw floats such as a sympy relation
 # "B >= 25301.7106024295". Tables' columns are exempt (a CSV-like column may keep its digits).
 MAX_SIGNIFICANT = 4
@@ -189,7 +195,10 @@ def problems(markdown: str) -> list[str]:
             (_SAME_ENDS, "a range whose two ends are equal"),
             (_DECIMAL_BYTES, "a byte size with many decimals (write 1 MiB, not 1.04858 MB)"),
             (_TEMPLATE_LEFTOVER, "template syntax or a Python value left in the text"),
+            (_GLUED_UNIT, "a unit or a word glued to the bracket after it"),
         ]
+        if not line.startswith("|"):
+            checks.append((_ZERO_DIGITS, "a zero printed to many decimals (say how small, or that it is exact)"))
         if has_gib:
             checks.append((_GB_MEMORY, "decimal GB/MB beside GiB elsewhere: one unit convention (GiB, MiB)"))
         for pattern, what in checks:
