@@ -112,7 +112,7 @@ def test_the_number_filter_prints_at_most_four_significant_digits_of_a_measured_
 def test_distinct_names_say_what_kernels_of_one_template_do():
     """Three elementwise kernels of one template read alike once compacted: each keeps the identifier that
     only it has (its functor), so the prose that names them tells them apart."""
-    from cs336sys.analysis.profiling import distinct_names
+    from cs336sys.analysis.kernel_names import distinct_names
 
     names = ["elementwise_kernel<128, 2, gpu_kernel_impl_nocast<BinaryFunctor<float, …",
              "elementwise_kernel<128, 2, gpu_kernel_impl_nocast<masked_fill_kernel(Te…",
