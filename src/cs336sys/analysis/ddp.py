@@ -44,7 +44,8 @@ def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None,
     """The section's context: the all-reduce benchmark, the DDP steps, the traced steps, the grid's machine
     time and the summary."""
     frame = results_frame(paths)
-    ctx = DDPContext(env=environment_summary(frame), model_formulas=formulas(), clock_tolerance_mhz=CLOCK_TOLERANCE_MHZ)
+    ctx = DDPContext(env=environment_summary(frame), model_formulas=formulas(), clock_tolerance_mhz=CLOCK_TOLERANCE_MHZ,
+                     min_rounds=MIN_ROUNDS)
     if allreduce_reference:
         ctx.allreduce_reference = {str(k): float(v) for k, v in allreduce_reference["busbw_gbps"].items()}
         ctx.allreduce_reference_source = allreduce_reference["source"]

@@ -40,6 +40,8 @@ class DDPContext(SectionContext):
     """(12) The target: NCCL's bus bandwidth at 1 GiB at least this share of the reference's."""
     clock_tolerance_mhz: float | None = None
     """How far apart (MHz) two variants' median SM clocks may be before the text says they differ."""
+    min_rounds: int | None = None
+    """A job's ratios get a verdict (✓ ✗ ≈) from at least this many interleaved rounds."""
     allreduce_target_values: dict | None = None
     """(12) The bus bandwidth target: its share of the best ("fraction") and its size per rank ("size")."""
     allreduce_fits: dict[str, dict[str, float]] | None = None

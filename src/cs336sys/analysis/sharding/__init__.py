@@ -53,6 +53,8 @@ class ShardingContext(SectionContext):
 
     figures: dict[str, str] = field(default_factory=dict)
     """Figure name -> its file (none at the top level: the trace's figure is `trace["figure"]`)."""
+    min_rounds: int = MIN_ROUNDS
+    """A ratio of two variants' times gets a verdict from a job of at least this many interleaved rounds."""
     target_values: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
     """The sharding issue's targets: step-time ratios' limits and the model state's tolerance (`shared.TARGETS`)."""
     formulas: dict[str, str] = field(default_factory=dict)
