@@ -56,7 +56,7 @@ def problem_rows() -> dict[int, list[str]]:
 def row_faults(row: list[str], problem: registry.Problem) -> list[str]:
     """What a problem's row gets wrong against the registry (nothing: [])."""
     number, name, experiments, implementation, points, rule_files, section = row
-    functions = {registry.experiment(e).function.partition(":")[0] for e in problem.experiments}
+    functions = {f.partition(":")[0] for e in problem.experiments for f in registry.experiment(e).functions}
     listed = named(rule_files)
     candidates = {e: may_register(e) for e in problem.experiments}
     checks = {

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from conftest import random_qkv, reference_attention, rel_err, run_experiment
 
 from cs336sys import adapters
-from cs336sys.attention.bench import attended_pairs, run_flash_point, run_pytorch_attention_point
+from cs336sys.attention.bench import attended_pairs, run_pytorch_attention_point
+from cs336sys.attention.bench_flash import run_baseline_point, run_triton_point
 from cs336sys.attention.flash_pytorch import FlashAttention2PyTorch, flash_backward_recompute, flash_forward_pytorch
 from cs336sys.attention.naive import attention_logsumexp, naive_attention
 from cs336sys.jobs import Unsupported
@@ -123,7 +124,7 @@ def test_pytorch_attention_point_on_cpu():
 
 @pytest.mark.parametrize("impl", ["naive", "sdpa"])
 def test_flash_point_on_cpu(impl):
-    metrics = run_experiment(run_flash_point, **{"device": "cpu", "impl": impl, "seq": 64, "d": 16, "dtype": "fp32"})
+    metrics = run_experiment(run_baseline_point, **{"device": "cpu", "impl": impl, "seq": 64, "d": 16, "dtype": "fp32"})
     for part in ("forward", "backward", "fwd_bwd"):
         assert metrics[f"{part}_ms"] > 0 and metrics[f"{part}_tflops"] > 0
     assert metrics["backward_flops"] == 2.5 * metrics["forward_flops"] == 2.5 * 4 * 16 * (64 * 65 // 2)
@@ -131,7 +132,15 @@ def test_flash_point_on_cpu(impl):
         assert metrics["sdpa_backend"] in ("flash", "efficient", "cudnn", "math")
 
 
+def test_each_family_of_the_flash_grid_refuses_the_others_impl():
+    point = {"device": "cpu", "seq": 32, "d": 16, "dtype": "fp32"}
+    with pytest.raises(ValueError, match="run_triton_point"):
+        run_experiment(run_baseline_point, impl="triton", **point)
+    with pytest.raises(ValueError, match="run_baseline_point"):
+        run_experiment(run_triton_point, impl="naive", **point)
+
+
 def test_unavailable_sdpa_backend_is_unsupported():
     with pytest.raises(Unsupported, match="cudnn"):
-        run_experiment(run_flash_point, **{"device": "cpu", "impl": "sdpa", "sdpa_backend": "cudnn", "seq": 32, "d": 16,
-                         "dtype": "fp32"})
+        run_experiment(run_baseline_point, **{"device": "cpu", "impl": "sdpa", "sdpa_backend": "cudnn", "seq": 32,
+                                              "d": 16, "dtype": "fp32"})

@@ -26,7 +26,8 @@ from conftest import (  # noqa: E402
     run_experiment,
 )
 
-from cs336sys.attention.bench import run_flash_point, run_leaderboard_point  # noqa: E402
+from cs336sys.attention.bench import run_leaderboard_point  # noqa: E402
+from cs336sys.attention.bench_flash import run_triton_point  # noqa: E402
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles  # noqa: E402
 from cs336sys.attention.flash_triton import (  # noqa: E402
     FlashAttention2Triton,
@@ -167,16 +168,16 @@ def test_compiled_apply_matches_eager():
 
 
 @interpreted
-def test_flash_point_runs_triton_through_the_interpreter_on_cpu():
-    metrics = run_experiment(run_flash_point, impl="triton", seq=32, d=16, dtype="fp32")
+def test_triton_point_runs_through_the_interpreter_on_cpu():
+    metrics = run_experiment(run_triton_point, impl="triton", seq=32, d=16, dtype="fp32")
     assert metrics["fwd_bwd_ms"] > 0
     with pytest.raises(Unsupported, match="float32 only"):
-        run_experiment(run_flash_point, **{"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "bf16"})
-    ieee = run_experiment(run_flash_point, impl="triton_ieee", seq=32, d=16, dtype="fp32")
+        run_experiment(run_triton_point, **{"device": "cpu", "impl": "triton", "seq": 32, "d": 16, "dtype": "bf16"})
+    ieee = run_experiment(run_triton_point, impl="triton_ieee", seq=32, d=16, dtype="fp32")
     assert ieee["fwd_bwd_ms"] > 0
     with pytest.raises(Unsupported, match="triton_ieee sets how float32 products run"):
-        run_experiment(run_flash_point, **{"device": "cpu", "impl": "triton_ieee", "seq": 32, "d": 16,
-                                           "dtype": "bf16"})
+        run_experiment(run_triton_point, **{"device": "cpu", "impl": "triton_ieee", "seq": 32, "d": 16,
+                                            "dtype": "bf16"})
 
 
 @interpreted

@@ -17,12 +17,10 @@ FUNCTION_LINES = 80
 MODULES = {
     "cs336sys/attention/flash_gluon_backward_ws.py": (
         519, "a Gluon kernel and its launcher, reached by the Gluon leaderboard and 8B step jobs"),
-    "cs336sys/attention/bench.py": (
-        510, "all four attention experiments' functions; the split stales the flash_benchmarking jobs"),
 }
 FUNCTIONS = {
     "cs336sys/profiling/memory.py:summarize_snapshot": (
-        115, "run inside the memory_snapshot and checkpointing jobs"),
+        115, "run inside the H100 memory_snapshot and checkpointing jobs; its split waits for an 80 GB GPU"),
 }
 
 

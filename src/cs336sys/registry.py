@@ -39,12 +39,20 @@ class Section:
 @dataclass(frozen=True)
 class Experiment:
     """An experiment: result files whose `problem` field is `name`, each written by the job runner
-    from `function(settings, run) -> metrics` (`module:function`), read by `section`."""
+    from `function(settings, run) -> metrics` (`module:function`), read by `section`. A job whose
+    points all have an `impl` that `by_impl` lists runs that function instead (the same settings), so
+    that its code hash covers only that implementation's code (`function_of`)."""
 
     name: str
     function: str
     section: str
     gpu: bool = True  # on the main grid it needs CUDA GPUs (resources: gpu=N); the smoke grid runs it on CPU
+    by_impl: tuple[tuple[str, str], ...] = ()  # (impl, module:function)
+
+    @property
+    def functions(self) -> list[str]:
+        """Every function its jobs may run: its own, then those of `by_impl`."""
+        return [self.function] + sorted({f for _, f in self.by_impl} - {self.function})
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("saved_tensors", "cs336sys.profiling.experiments_memory:run_saved_tensors", "memory"),
     Experiment("checkpointing", "cs336sys.profiling.experiments_checkpointing:run_checkpointing", "memory"),
     Experiment("pytorch_attention", "cs336sys.attention.bench:run_pytorch_attention_point", "attention"),
-    Experiment("flash_benchmarking", "cs336sys.attention.bench:run_flash_point", "attention"),
+    Experiment("flash_benchmarking", "cs336sys.attention.bench_flash:run_triton_point", "attention",
+               by_impl=tuple((impl, "cs336sys.attention.bench_flash:run_baseline_point")
+                             for impl in ("naive", "naive_compiled", "sdpa"))),
     Experiment("flash_leaderboard", "cs336sys.attention.bench:run_leaderboard_point", "attention"),
     Experiment("flash_leaderboard_gluon", "cs336sys.attention.bench_gluon:run_point", "attention"),
     Experiment("flash_leaderboard_rounds", "cs336sys.attention.bench_rounds:run_point", "attention"),
@@ -134,6 +144,17 @@ def experiment(name: str) -> Experiment:
     except KeyError:
         raise ValueError(f"experiment {name!r} is not in cs336sys.registry.EXPERIMENTS "
                          f"(known: {', '.join(EXPERIMENTS)})") from None
+
+
+def function_of(name: str, points: list[dict]) -> str:
+    """The function a job of experiment `name` with these points runs: by their one `impl`, if the
+    experiment lists it in `by_impl`, else the experiment's."""
+    e = experiment(name)
+    impls = {p.get("impl") for p in points}
+    chosen = {dict(e.by_impl).get(impl, e.function) for impl in impls} or {e.function}
+    if len(chosen) > 1:
+        raise ValueError(f"a job of {name} mixes implementations that run different functions: {sorted(chosen)}")
+    return chosen.pop()
 
 
 def section(name: str) -> Section:

@@ -14,6 +14,7 @@ The workflow prints `summary` after a dry run's job list, and as a run starts.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -29,12 +30,25 @@ SEARCHED = 12  # commits tried, from the one a result or pin names on, for the s
 
 
 def entries_of(rule: str, rec: dict | None) -> tuple[str, ...] | None:
-    """What a rule's `code` parameter hashes, from one of its provenance records (None: a rule without one)."""
+    """What a rule's `code` parameter hashes now, from one of its provenance records (None: a rule without
+    one): an experiment job's function is chosen by its points' impl (registry.function_of), which may be
+    another function than the one its record names (`recorded_entries`)."""
     function = provenance.function_param(rec)
     if function:
-        return function, codehash.RUNNER
+        params = [p.strip("'") for p in rec.get("params", []) if isinstance(p, str)]
+        problem = next((p for p in params if p in registry.EXPERIMENTS), None)
+        points = next((json.loads(p) for p in params if p.startswith("[{")), [])
+        return (registry.function_of(problem, points) if problem else function), codehash.RUNNER
     sections = {s.rule: s.module for s in registry.SECTIONS.values()}
     return (sections[rule],) if rule in sections else REPORT_ENTRIES.get(rule)
+
+
+def recorded_entries(outputs: list[str], entries: tuple[str, ...]) -> tuple[str, ...]:
+    """What the `code` of these results hashed when they were made: the function their record names
+    (an experiment split since has another one today), else today's `entries`."""
+    rec = next((r for o in outputs if Path(o).exists() and (r := provenance.record(o))), None)
+    function = provenance.function_param(rec)
+    return (function, codehash.RUNNER) if function else entries
 
 
 @cache
@@ -74,11 +88,12 @@ class Reference:
 
 
 def reference(rule: str, entries: tuple[str, ...], outputs: list[str], pins: list[pins_lib.Pin]) -> Reference:
+    then = recorded_entries(outputs, entries)  # what the results' (and a pin's) hash covered
     pin = next((p for p in pins if rule in p.rules), None)
     if pin is not None and pins_lib.state(pin.rules[rule], codehash.code_hash(*entries), pin.outputs.get(rule, []),
                                           at=pin.code.get(rule)) == "outdated":
         at = (pin.pinned_at or "?")[:10]
-        found = source_commit(entries, pin.code[rule], pin.pinned_at)
+        found = source_commit(then, pin.code[rule], pin.pinned_at)
         return Reference(f"its pin ({found[:10] if found else at})", [found] if found else [],
                          [] if found else [f"no commit from {at} on gives the pin's hash {pin.code[rule]}"])
     made: dict[tuple[str, str | None], str] = {}  # (recorded hash, the commit its result names) -> an output
@@ -89,7 +104,7 @@ def reference(rule: str, entries: tuple[str, ...], outputs: list[str], pins: lis
     ref = Reference("its results")
     for (h, named), o in sorted(made.items(), key=str):
         ran = None if named else (provenance.record(o) or {}).get("endtime")
-        found = source_commit(entries, h, named, ran)
+        found = source_commit(then, h, named, ran)
         if found is None:
             ref.missing.append(f"no commit from {(named or 'the time it ran')[:10]} on gives its hash {h} "
                                "(made from uncommitted code, or history this checkout lacks)")
@@ -100,12 +115,14 @@ def reference(rule: str, entries: tuple[str, ...], outputs: list[str], pins: lis
     return ref
 
 
-def changes(entries: tuple[str, ...], ref: Reference) -> list[tuple[str, str, str]]:
-    """(module, how, statement) for each change between the reference's code and today's."""
+def changes(entries: tuple[str, ...], ref: Reference,
+            then: tuple[str, ...] | None = None) -> list[tuple[str, str, str]]:
+    """(module, how, statement) for each change between the reference's code (`then`: what it hashed,
+    today's `entries` unless told) and today's."""
     now = codehash.manifest(*entries)
     rows: list[tuple[str, str, str]] = []
     for c in ref.commits:
-        rows += [r for r in codehash.diff(_tree(c).manifest(*entries), now) if r not in rows]
+        rows += [r for r in codehash.diff(_tree(c).manifest(*(then or entries)), now) if r not in rows]
     return rows
 
 
@@ -113,7 +130,8 @@ def explain(rule: str, entries: tuple[str, ...], outputs: list[str], pins: list[
     """A line per changed module, `since its results (abc1234567): module: changed: def f`, then what
     could not be compared."""
     ref = reference(rule, entries, outputs, pins)
-    lines = [f"since {ref.since}: {line}" for line in codehash.describe(changes(entries, ref))]
+    then = recorded_entries(outputs, entries)
+    lines = [f"since {ref.since}: {line}" for line in codehash.describe(changes(entries, ref, then))]
     if ref.commits and not lines:
         lines.append(f"{ref.since}, whose code is the same by the current rule (its records hold another hash)")
     return lines + ref.missing
@@ -138,7 +156,7 @@ def summary(jobs: list[tuple[str, tuple[str, ...], str, list[str]]], pins: list[
         if not made or made == {code}:
             continue
         ref = reference(rule, entries, outputs, pins)
-        what = tuple(codehash.describe(changes(entries, ref))) + tuple(ref.missing)
+        what = tuple(codehash.describe(changes(entries, ref, recorded_entries(outputs, entries)))) + tuple(ref.missing)
         since = "since their pins" if ref.since.startswith("its pin") else "since their results"
         grouped.setdefault(what or ("no change by the current rule (their records hold another hash)",), {}) \
             .setdefault(since, []).append(rule)

@@ -194,8 +194,8 @@ def say_stale_by_code():
         [
             (
                 j.rule,
-                (registry.experiment(j.experiment).function, RUNNER),
-                job_code(j, registry.experiment(j.experiment).function),
+                (registry.function_of(j.experiment, j.points), RUNNER),
+                job_code(j, registry.function_of(j.experiment, j.points)),
                 j.results,
             )
             for j in EXPERIMENT_JOBS

@@ -2,7 +2,7 @@
 # Included after every part's rule file (the parts register jobs and sections; see common.smk).
 
 for _job in EXPERIMENT_JOBS:
-    _function = registry.experiment(_job.experiment).function
+    _function = registry.function_of(_job.experiment, _job.points)
 
     rule:
         name:
@@ -108,7 +108,7 @@ rule report_markdown:
         pins=json.dumps(
             pins_lib.for_report(
                 PINS,
-                {j.rule: experiment_code(registry.experiment(j.experiment).function) for j in EXPERIMENT_JOBS},
+                {j.rule: experiment_code(registry.function_of(j.experiment, j.points)) for j in EXPERIMENT_JOBS},
                 experiment_of={j.rule: j.experiment for j in EXPERIMENT_JOBS},
             ),
             sort_keys=True,

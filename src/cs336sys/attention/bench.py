@@ -1,8 +1,8 @@
-"""Experiment points (registry: pytorch_attention, flash_benchmarking, flash_leaderboard), each
-`fn(settings, run) -> metrics` for cs336sys.run.
+"""Experiment points (registry: pytorch_attention, flash_leaderboard), each `fn(settings, run) ->
+metrics` for cs336sys.run, and the timing, FLOP counts and implementations problem 11's grid shares
+(its points: cs336sys.attention.bench_flash).
 
     run_pytorch_attention_point   problems 7 and 8a: naive attention, eager or compiled
-    run_flash_point               problem 11: Triton FlashAttention-2 vs naive, compiled naive, SDPA
     run_leaderboard_point         problem 11: the leaderboards' attention shapes, forward, backward
 
 Out-of-memory propagates (the job runner records it as `oom`); a point that cannot run here
@@ -110,30 +110,6 @@ class PytorchAttentionSettings:
 
 
 @dataclass(frozen=True)
-class FlashSettings:
-    """Problem 11: one point of the FlashAttention grid, inputs (batch, heads, seq, d)."""
-
-    impl: str
-    """triton | triton_ieee (fp32 products in IEEE fp32, not TF32) | naive | naive_compiled | sdpa."""
-    seq: int
-    """Sequence length (queries and keys)."""
-    d: int
-    """Head dimension."""
-    dtype: str = "bf16"
-    """dtype of q, k, v and dO: bf16 | fp32 (the Triton interpreter on the CPU takes fp32 only)."""
-    batch: int = 1
-    """Batch size."""
-    heads: int = 1
-    """Heads: q, k, v are (batch, heads, seq, d)."""
-    causal: bool = True
-    """Causal mask (key j <= query i)."""
-    sdpa_backend: str | None = None
-    """sdpa only: pin flash | efficient | cudnn | math; None: the first that runs, in PyTorch's order."""
-    device: str = "cuda"
-    """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
-
-
-@dataclass(frozen=True)
 class LeaderboardSettings:
     """A leaderboard's attention shape: forward alone and forward + backward, loss = O.sum().
 
@@ -233,29 +209,6 @@ def pick_sdpa_backend(q: torch.Tensor, is_causal: bool, wanted: str | None) -> s
                       f"{q.device.type}: " + "; ".join(reasons))
 
 
-def flash_implementation(impl: str, q: torch.Tensor, is_causal: bool,
-                         sdpa_backend: str | None = None) -> tuple[Callable, dict]:
-    """(attend(q, k, v, is_causal), extra metrics) for one implementation name."""
-    if impl == "triton":
-        from cs336sys.attention.flash_triton import FlashAttention2Triton
-
-        return FlashAttention2Triton.apply, {}
-    if impl == "triton_ieee":  # ours with float32 products in full IEEE float32, not TF32
-        from cs336sys.attention.flash_triton import FlashAttention2Triton
-
-        if q.dtype != torch.float32:
-            raise Unsupported(f"triton_ieee sets how float32 products run; {q.dtype} inputs do not have any")
-        return (lambda q, k, v, is_causal: FlashAttention2Triton.apply(q, k, v, is_causal, "ieee")), {}
-    if impl == "naive":
-        return naive_attention, {}
-    if impl == "naive_compiled":
-        return compiled_naive_attention(), {}
-    if impl == "sdpa":
-        backend = pick_sdpa_backend(q, is_causal, sdpa_backend)
-        return sdpa_attention(backend), {"sdpa_backend": backend}
-    raise ValueError(f"unknown attention implementation {impl!r}")
-
-
 # --- problem 7 / 8a -------------------------------------------------------------------------
 
 def run_pytorch_attention_point(settings: PytorchAttentionSettings, run: Run) -> dict:
@@ -293,82 +246,6 @@ def _time_pytorch_attention(attend: Callable, q, k, v, warmup: int, passes: int,
     metrics.update(backward_ms=backward_times["mean_ms"], backward_std_ms=backward_times["std_ms"])
     if device.type == "cuda":
         metrics["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
-    return metrics
-
-
-# --- problem 11 -----------------------------------------------------------------------------
-
-def _time_forward_backward(attend: Callable, q, k, v, is_causal: bool, device: torch.device,
-                           grad_out: torch.Tensor | None) -> dict[str, float]:
-    """forward_ms, backward_ms (one retained graph) and fwd_bwd_ms."""
-    forward = bench_ms(lambda: attend(q, k, v, is_causal), device)
-    out = attend(q, k, v, is_causal)
-    grad_out = torch.randn_like(out) if grad_out is None else grad_out
-    backward = bench_ms(functools.partial(out.backward, grad_out, retain_graph=True), device, [q, k, v])
-    del out  # free the retained graph before the next measurement
-    fwd_bwd = bench_ms(lambda: attend(q, k, v, is_causal).backward(grad_out), device, [q, k, v])
-    return {"forward_ms": forward, "backward_ms": backward, "fwd_bwd_ms": fwd_bwd}
-
-
-GRAPHED_IMPLS = ("triton", "sdpa")  # the two the targets compare
-
-
-def _graphed_times(attend: Callable, q, k, v, is_causal: bool, grad_out: torch.Tensor) -> dict:
-    """graph_{forward,backward,fwd_bwd}_ms: do_bench medians of replaying a CUDA graph of one
-    call, i.e. the GPU's time alone, without the host's work of launching (Python, autograd,
-    the kernel launcher), which the eager times include. Everything runs on one side stream, so
-    that the backward's kernels (which run on their forward's stream) are captured too."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        out = attend(q, k, v, is_causal)
-    calls = {"forward": lambda: attend(q, k, v, is_causal),
-             "backward": lambda: out.backward(grad_out, retain_graph=True),
-             "fwd_bwd": lambda: attend(q, k, v, is_causal).backward(grad_out)}
-    times = {}
-    for part, call in calls.items():
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile, autotune and allocate outside the capture
-                q.grad = k.grad = v.grad = None
-                call()
-        stream.synchronize()
-        q.grad = k.grad = v.grad = None
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            call()
-        times[f"graph_{part}_ms"] = bench_ms(graph.replay, q.device)
-        del graph
-    q.grad = k.grad = v.grad = None
-    return times
-
-
-def run_flash_point(settings: FlashSettings, run: Run) -> dict:
-    """One point of the FlashAttention benchmark grid: forward, backward, forward+backward.
-
-    settings: device ("cuda"), impl ("triton" | "triton_ieee" | "naive" | "naive_compiled" | "sdpa"), seq, d,
-    dtype ("bf16" | "fp32"), batch (1), heads (1), causal (True), sdpa_backend (optional: pin
-    one of flash/efficient/cudnn/math; otherwise the first that runs, in PyTorch's order).
-    Inputs are (batch, heads, seq, d); dO is random. On CUDA, ours and SDPA are also timed as
-    CUDA-graph replays (GPU time without host overhead; see `_graphed_times`).
-    """
-    device = torch.device(run.device)
-    batch, heads, seq, d, causal = settings.batch, settings.heads, settings.seq, settings.d, settings.causal
-    dtype = torch_dtype(settings.dtype)
-    impl = settings.impl
-    q, k, v = _random_qkv((batch, heads, seq, d), dtype, device)
-    attend, extra = flash_implementation(impl, q, causal, settings.sdpa_backend)
-    if impl in ("triton", "triton_ieee"):
-        _check_triton_runs_here(device, dtype)
-    grad_out = torch.randn(q.shape, dtype=dtype, device=device)
-    with _retainable_graphs():
-        times = _time_forward_backward(attend, q, k, v, causal, device, grad_out)
-        if device.type == "cuda" and impl in GRAPHED_IMPLS + ("triton_ieee",):
-            times.update(_graphed_times(attend, q, k, v, causal, grad_out))
-    flops = attention_flops(batch * heads, seq, seq, d, causal)
-    metrics = {**times, **extra}
-    for part in ("forward", "backward", "fwd_bwd"):
-        metrics[f"{part}_flops"] = flops[part]
-        metrics[f"{part}_tflops"] = flops[part] / (times[f"{part}_ms"] * 1e-3) / 1e12
     return metrics
 
 
