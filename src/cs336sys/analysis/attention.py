@@ -107,7 +107,7 @@ def _summary(ctx: AttentionContext) -> list[dict]:
                               ("Gluon FlashAttention (Hopper)", gl, ("gluon_bwd", "gluon"))):
         measured = summary_row(ctx.lb_rounds, impls)  # a verdict only from interleaved rounds (issue 60)
         if measured is not None:
-            rows.append({"part": f"{name} against SDPA's cuDNN backend ({measured['rounds']} rounds)",
+            rows.append({"part": f"{name} against cuDNN (SDPA; {measured['rounds']} rounds)",
                          "result": measured["result"], "target": "≤ 1.00×, forward and backward",
                          "met": measured["met"], "ref": "att-lb-h",
                          "why": None if measured["met"] is not False else _why(name, measured["lows"])})

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from cs336sys.analysis.common import CLOCK, POWER, clocks, save_table
+from cs336sys.analysis.common import CLOCK, POWER, clocks, gpu_model, save_table
 from cs336sys.analysis.formatting import fmt
 
 if TYPE_CHECKING:
@@ -83,10 +83,7 @@ def _kernels(r: pd.Series) -> list[dict]:
 def gpu_label(r: pd.Series) -> str:
     """The GPU a result was measured on, from its env ("NVIDIA H100 80GB HBM3" -> "H100")."""
     name = str(r.get("env.gpu") or r.get("gpu_model") or "")
-    for model in ("H100", "H200", "B200", "A100"):
-        if model in name:
-            return model
-    return name or "CPU"
+    return gpu_model(name) if name else "CPU"
 
 
 GLUON_IMPLS = {"sdpa_cudnn": "SDPA cuDNN (same process)", "gluon": "Gluon forward, tl backward",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.analysis.common import save_table
+from cs336sys.analysis.common import gpu_model, save_table
 from cs336sys.analysis.formatting import number
 from cs336sys.analysis.rounds import clocks_differ, paired_ratio
 from cs336sys.analysis.verdicts import Verdict, against_limit, all_of
@@ -28,7 +28,7 @@ LABELS = {"ours": "ours (Triton)", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SD
 
 def _gpu(r: pd.Series) -> str:
     name = str(r.get("env.gpu") or r.get("gpu_model") or "")
-    return next((m for m in ("H100", "H200", "B200") if m in name), name or "CPU")
+    return gpu_model(name) if name else "CPU"
 
 
 def _ms(r: pd.Series, part: str) -> float | None:
@@ -93,15 +93,18 @@ def rounds(df: pd.DataFrame, out: Path) -> dict | None:
             row["forward / cuDNN"] = _cell(c and c["ratios"]["fwd"])
             row["backward / cuDNN"] = _cell(c and c["ratios"]["bwd"])
             clocks = p.get("round_clock_mhz") or []
-            row["SM clock (MHz)"] = f"{min(clocks):.0f}–{max(clocks):.0f}" if clocks else ""
+            low, high = (f"{min(clocks):.0f}", f"{max(clocks):.0f}") if clocks else ("", "")
+            row["SM clock (MHz)"] = low if low == high else f"{low}–{high}"
             table.append(row)
         editions.append({"gpu": gpu, "edition": edition, "rounds": max(p["rounds"] for p in pooled.values()),
                          "statuses": {impl: p["status"] for impl, p in pooled.items()}, "impls": compared})
     frame = pd.DataFrame(table)
-    if (frame["status"] == "ok").all():
-        frame = frame.drop(columns="status")
+    # a column with one value in every row goes to the caption (`gpus`, `rounds`)
+    frame = frame.drop(columns=[c for c in ("status", "GPU", "rounds") if frame[c].nunique() == 1
+                                and (c != "status" or (frame[c] == "ok").all())])
     return {"table": save_table(frame, out, "leaderboard_rounds", digits=3), "editions": editions,
-            "rounds": max(e["rounds"] for e in editions)}
+            "rounds": max(e["rounds"] for e in editions), "gpus": sorted({e["gpu"] for e in editions}),
+            "same_rounds": len({e["rounds"] for e in editions}) == 1}
 
 
 def summary_row(ctx_rounds: dict | None, impls: tuple[str, ...]) -> dict | None:
@@ -114,15 +117,16 @@ def summary_row(ctx_rounds: dict | None, impls: tuple[str, ...]) -> dict | None:
     if impl is None:
         return None
     runs = [e["impls"][impl] for e in editions]
-    said = []
+    said, highest = [], None
     for part, name in (("fwd", "forward"), ("bwd", "backward")):
         ratios = [r["ratios"][part] for r in runs if r["ratios"][part]]
         if ratios:
             lo, hi = min(r["ratio"] for r in ratios), max(r["ratio"] for r in ratios)
-            said.append(f"{name} {lo:.2f}×" + (f" to {hi:.2f}×" if f"{hi:.2f}" != f"{lo:.2f}" else ""))
+            said.append(f"{name} {lo:.2f}" + (f"–{hi:.2f}×" if f"{hi:.2f}" != f"{lo:.2f}" else "×"))
+            highest = max(hi, highest or hi)
     slowest = max((r["ratios"][p]["hi"] for r in runs for p in JUDGED if r["ratios"][p]), default=None)
-    result = ", ".join(said) + " cuDNN's time"
-    if slowest is not None:
+    result = ", ".join(said)
+    if slowest is not None and f"{slowest:.2f}" != f"{highest:.2f}":  # said already when it is the highest ratio
         result += f"; slowest round {slowest:.2f}×"
     apart = sum(1 for r in runs if r["clocks_differ"])
     if apart:

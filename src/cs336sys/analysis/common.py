@@ -158,7 +158,29 @@ def environment_summary(df: pd.DataFrame) -> dict:
         "commits": [c[:8] for c in values("env.git_commit") if re.fullmatch(r"[0-9a-f]{40}", c)],
         "points": int(len(df)),
         "status_counts": {k: int(v) for k, v in df["status"].value_counts().items()},
+        "on": _on_by_problem(df),
     }
+
+
+GPU_MODELS = ("H100", "H200", "B200", "A100")
+
+
+def gpu_model(name: str) -> str:
+    """The GPU's model from its full name ("NVIDIA H100 80GB HBM3" -> "H100"); the name itself when unknown."""
+    return next((m for m in GPU_MODELS if m in name), name)
+
+
+def _on_by_problem(df: pd.DataFrame) -> dict[str, str]:
+    """Where each experiment's results ran, as a caption says it: 'one H100', 'one H100 or one H200' (some
+    results on each), 'the CPU' (the smoke grid). A caption reads it instead of naming a GPU, so results re-made
+    on another GPU model are never captioned with the old one."""
+    if "problem" not in df:
+        return {}
+    out = {}
+    for problem, group in df.groupby("problem"):
+        gpus = sorted({gpu_model(str(g)) for g in group.get("env.gpu", pd.Series(dtype=object)).dropna() if str(g)})
+        out[str(problem)] = " or ".join(f"one {g}" for g in gpus) if gpus else "the CPU"
+    return out
 
 
 def _machines(df: pd.DataFrame) -> list[str]:

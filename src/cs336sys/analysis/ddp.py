@@ -70,10 +70,9 @@ def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None,
     ctx.grid_time = grid_time([p for p in paths if p.suffix == ".tsv"])
     ctx.summary = _summary(ctx)
     missing = (ctx.allreduce_nccl_worlds or {}).get("missing")
-    ctx.limitations = [f"The NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs was not run: no "
-                       "machine with that many GPUs was lent."] if missing else []
-    if pending:  # grid jobs left out until measured (config: ddp.pending)
-        ctx.limitations.append(f"DDP jobs not run yet (GPU time ran out): {', '.join(pending)}.")
+    unrun = ([f"the NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs"] if missing else []) + (
+        [f"DDP jobs {', '.join(pending)} (overlay `next`)"] if pending else [])  # config: ddp.pending
+    ctx.limitations = [f"Not run, for want of a host with the GPUs: {'; '.join(unrun)}."] if unrun else []
     return ctx
 
 

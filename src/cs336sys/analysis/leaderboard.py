@@ -285,7 +285,7 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     if ctx.entry is not None and ctx.native is None:
         ctx.limitations.append(
             "The memory-matched PyTorch-native step "
-            + ("is not measured yet: the headline ratio waits for two GPUs (config/next.yaml)." if not ctx.natives else
+            + ("waits for two GPUs (overlay `next`): no headline ratio yet." if not ctx.natives else
                f"was not found: no PyTorch-native point came within {ctx.targets['memory_match_pct']:.0f} % of "
                "the entry's peak, so the headline ratio is not given."))
     return ctx

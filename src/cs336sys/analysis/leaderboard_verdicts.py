@@ -117,7 +117,7 @@ def summary_rows(size: str, entry: dict | None, fastest: dict | None, natives: l
     if native is None and natives:
         measured = f"no PyTorch-native point within {100 * MEMORY_MATCH:.0f} % of the entry's peak: no ratio"
     elif native is None:
-        measured = "not measured yet (its points wait in the overlay `next`)"
+        measured = "not measured yet (overlay `next`)"
     else:
         measured = (f"{native['speedup']:.2f}× its speed (job {native['job']}: ours {native['entry_s']:.2f} s, "
                     f"`{native['config']}` {native['step_s']:.2f} s)")
