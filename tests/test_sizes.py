@@ -19,8 +19,6 @@ MODULES = {
         519, "a Gluon kernel and its launcher, reached by the Gluon leaderboard and 8B step jobs"),
 }
 FUNCTIONS = {
-    "cs336sys/profiling/memory.py:summarize_snapshot": (
-        115, "run inside the H100 memory_snapshot and checkpointing jobs; its split waits for an 80 GB GPU"),
 }
 
 

@@ -196,9 +196,40 @@ def summarize_snapshot(snapshot: dict, device: int | None = None, max_points: in
     free_action = "free_completed" if any(e["action"] == "free_completed" for e in trace) else "free_requested"
     events = [e for e in trace if e["action"] in ("alloc", free_action)]
     n = len(events)
+    lifetimes = _lifetimes(snapshot, device, events)
+    categories, curves, total = _category_curves(lifetimes, n, top_categories)
+    peak_event = int(np.argmax(total))
+    bin_size = max(1, math.ceil((n + 1) / max_points))
+    samples = sorted({0, n, peak_event} | {lo + int(np.argmax(total[lo:lo + bin_size]))
+                                           for lo in range(0, n + 1, bin_size)})
+    source = snapshot.get("source", CUDA_SOURCE)
+    return {
+        "source": source,
+        "device": device,
+        "events": n,
+        "peak_bytes": int(total[peak_event]),
+        "peak_event": peak_event,
+        "baseline_bytes": int(total[0]),
+        "final_bytes": int(total[n]),
+        "peak_reserved_bytes": _peak_reserved(snapshot, trace) if source == CUDA_SOURCE else None,
+        "categories": categories,
+        # profiler-made frames carry a function's first line, not the allocating one
+        "category_code": {} if source == CPU_SOURCE else {c: code for c in categories if (code := source_line(c))},
+        "peak_by_category": {c: int(curve[peak_event]) for c, curve in zip(categories, curves, strict=True)},
+        "timeline": {
+            "event": samples,
+            "total": [int(total[i]) for i in samples],
+            "by_category": [[int(curve[i]) for i in samples] for curve in curves],
+        },
+        "phases": _phases(events)[:200],
+        "largest_allocations": _largest_allocations(lifetimes, top_allocations),
+    }
 
-    # lifetimes: (first index alive, index it ends at or None, bytes, site, frames, phase); index i
-    # is the state after the i-th event, index 0 the state before any
+
+def _lifetimes(snapshot: dict, device: int, events: list[dict]) -> list[list]:
+    """Each allocation as [first index alive, index it ends at or None, bytes, site, frames, phase]; index
+    i is the state after the i-th of `events`, index 0 the state before any. Blocks freed but never
+    allocated while recording, and blocks the segments hold that no event names, were there before."""
     lifetimes: list[list] = []
     alive: dict[int, list] = {}
     for i, e in enumerate(events, start=1):
@@ -225,35 +256,42 @@ def summarize_snapshot(snapshot: dict, device: int | None = None, max_points: in
             if block.get("state") == "active_allocated" and block.get("address", address) not in tracked:
                 lifetimes.append([0, None, block["size"], BEFORE_RECORDING, block.get("frames", []), ""])
             address += block["size"]
+    return lifetimes
 
-    # categories: the sites with the highest bytes alive at any one time
-    def curve(changes: list[tuple[int, int]]) -> np.ndarray:
-        delta = np.zeros(n + 2, dtype=np.int64)
-        for index, change in changes:
-            delta[index] += change
-        return np.cumsum(delta)[: n + 1]
 
-    def highest(changes: list[tuple[int, int]]) -> int:
-        # one event per index (index 0 only gains, n + 1 only loses), so prefix sums in index order suffice
-        return int(np.cumsum([c for _, c in sorted(changes)]).max())
+def _curve(changes: list[tuple[int, int]], n: int) -> np.ndarray:
+    """Bytes alive at each index 0..n from (index, change) pairs (index n + 1: alive at the end)."""
+    delta = np.zeros(n + 2, dtype=np.int64)
+    for index, change in changes:
+        delta[index] += change
+    return np.cumsum(delta)[: n + 1]
 
-    # a dense curve only for the sites drawn (a long snapshot has ~1e6 events and hundreds of sites)
+
+def _highest(changes: list[tuple[int, int]]) -> int:
+    # one event per index (index 0 only gains, n + 1 only loses), so prefix sums in index order suffice
+    return int(np.cumsum([c for _, c in sorted(changes)]).max())
+
+
+def _category_curves(lifetimes: list[list], n: int,
+                     top_categories: int) -> tuple[list[str], list[np.ndarray], np.ndarray]:
+    """(categories, their curves, the total curve): the `top_categories` sites with the highest bytes
+    alive at any one time, after "before recording", then "other" for the rest. A dense curve only for
+    the sites drawn (a long snapshot has ~1e6 events and hundreds of sites)."""
     changes: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for start, end, size, site, _, _ in lifetimes:
         changes[site] += [(start, size), ((n + 1) if end is None else end, -size)]
-    ranked = sorted((s for s in changes if s != BEFORE_RECORDING), key=lambda s: (-highest(changes[s]), s))
+    ranked = sorted((s for s in changes if s != BEFORE_RECORDING), key=lambda s: (-_highest(changes[s]), s))
     categories = ([BEFORE_RECORDING] if BEFORE_RECORDING in changes else []) + ranked[:top_categories]
-    curves = [curve(changes[c]) for c in categories]
-    total = curve([c for site_changes in changes.values() for c in site_changes])
+    curves = [_curve(changes[c], n) for c in categories]
+    total = _curve([c for site_changes in changes.values() for c in site_changes], n)
     if len(ranked) > top_categories:
         categories.append(OTHER)
         curves.append(total - np.sum(curves, axis=0))
-    peak_event = int(np.argmax(total))
+    return categories, curves, total
 
-    bin_size = max(1, math.ceil((n + 1) / max_points))
-    samples = sorted({0, n, peak_event} | {lo + int(np.argmax(total[lo:lo + bin_size]))
-                                           for lo in range(0, n + 1, bin_size)})
 
+def _phases(events: list[dict]) -> list[dict]:
+    """Runs of events with the same memory metadata (the annotation ranges' names), by event index."""
     phases: list[dict] = []
     for i, e in enumerate(events, start=1):
         name = _metadata(e)
@@ -261,37 +299,18 @@ def summarize_snapshot(snapshot: dict, device: int | None = None, max_points: in
             phases[-1]["end_event"] = i
         elif name:
             phases.append({"name": name, "start_event": i, "end_event": i})
+    return phases
 
+
+def _largest_allocations(lifetimes: list[list], top: int) -> list[dict]:
+    """Allocations grouped by size and cs336sys stack, largest first (then most frequent)."""
     groups: dict[tuple[int, str], dict] = {}
     for _, _, size, site, frames, phase_name in lifetimes:
         stack = user_frames(frames)
         key = (size, "|".join(stack) or site)
         group = groups.setdefault(key, {"bytes": size, "count": 0, "site": site, "frames": stack, "phase": phase_name})
         group["count"] += 1
-    largest = sorted(groups.values(), key=lambda g: (-g["bytes"], -g["count"]))[:top_allocations]
-
-    source = snapshot.get("source", CUDA_SOURCE)
-    return {
-        "source": source,
-        "device": device,
-        "events": n,
-        "peak_bytes": int(total[peak_event]),
-        "peak_event": peak_event,
-        "baseline_bytes": int(total[0]),
-        "final_bytes": int(total[n]),
-        "peak_reserved_bytes": _peak_reserved(snapshot, trace) if source == CUDA_SOURCE else None,
-        "categories": categories,
-        # profiler-made frames carry a function's first line, not the allocating one
-        "category_code": {} if source == CPU_SOURCE else {c: code for c in categories if (code := source_line(c))},
-        "peak_by_category": {c: int(curve[peak_event]) for c, curve in zip(categories, curves, strict=True)},
-        "timeline": {
-            "event": samples,
-            "total": [int(total[i]) for i in samples],
-            "by_category": [[int(curve[i]) for i in samples] for curve in curves],
-        },
-        "phases": phases[:200],
-        "largest_allocations": largest,
-    }
+    return sorted(groups.values(), key=lambda g: (-g["bytes"], -g["count"]))[:top]
 
 
 def _peak_reserved(snapshot: dict, trace: list[dict]) -> int:
