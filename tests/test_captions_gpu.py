@@ -22,7 +22,7 @@ def test_each_experiment_is_placed_on_the_gpus_its_results_name():
     env = environment_summary(_frame([
         ("benchmarking", "NVIDIA H100 80GB HBM3"), ("benchmarking", "NVIDIA H100 80GB HBM3"),
         ("flash_benchmarking", "NVIDIA H200"), ("flash_benchmarking", "NVIDIA H100 80GB HBM3"),
-        ("allreduce", None),
+        ("allreduce", None), ("allreduce", float("nan")),  # CPU results: no GPU, or a NaN where a frame has none
     ]))
     assert env["on"] == {"benchmarking": "one H100", "flash_benchmarking": "one H100 or one H200",
                          "allreduce": "the CPU"}

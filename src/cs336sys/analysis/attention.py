@@ -21,7 +21,7 @@ from cs336sys.analysis.attention_flash import (
     tflops_tables,
     time_tables,
 )
-from cs336sys.analysis.attention_leaderboard import CLOCK_TOLERANCE, gluon, gpu_label, leaderboard, public_entry
+from cs336sys.analysis.attention_leaderboard import CLOCK_TOLERANCE, gluon, leaderboard, public_entry
 from cs336sys.analysis.attention_rounds import rounds, summary_row
 from cs336sys.analysis.common import (
     environment_summary,
@@ -236,8 +236,7 @@ def _flash(ctx: AttentionContext, df: pd.DataFrame, out: Path) -> None:
     ctx.flash_tables, ctx.flash_figures = {}, {}
     ctx.flash_grid = {"batch": sorted({int(v) for v in df["batch"]}), "heads": sorted({int(v) for v in df["heads"]}),
                       "seq": [int(df["seq"].min()), int(df["seq"].max())],
-                      "d": [int(df["d"].min()), int(df["d"].max())], "dtypes": sorted(set(df["dtype"])),
-                      "gpu": " and ".join(sorted({gpu_label(r) for _, r in ok.iterrows()}))}
+                      "d": [int(df["d"].min()), int(df["d"].max())], "dtypes": sorted(set(df["dtype"]))}
     values = [c for c in ("forward_ms", "backward_ms", "fwd_bwd_ms", "graph_forward_ms", "graph_backward_ms",
                           "graph_fwd_bwd_ms") if c in ok]
     wide = ok.pivot_table(index=["dtype", "d", "seq"], columns="impl", values=values).reset_index()

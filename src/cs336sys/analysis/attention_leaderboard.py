@@ -82,7 +82,7 @@ def _kernels(r: pd.Series) -> list[dict]:
 
 def gpu_label(r: pd.Series) -> str:
     """The GPU a result was measured on, from its env ("NVIDIA H100 80GB HBM3" -> "H100")."""
-    name = str(r.get("env.gpu") or r.get("gpu_model") or "")
+    name = next((str(v) for v in (r.get("env.gpu"), r.get("gpu_model")) if isinstance(v, str) and v), "")
     return gpu_model(name) if name else "CPU"
 
 

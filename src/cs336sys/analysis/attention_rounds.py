@@ -27,7 +27,7 @@ LABELS = {"ours": "ours (Triton)", "sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SD
 
 
 def _gpu(r: pd.Series) -> str:
-    name = str(r.get("env.gpu") or r.get("gpu_model") or "")
+    name = next((str(v) for v in (r.get("env.gpu"), r.get("gpu_model")) if isinstance(v, str) and v), "")
     return gpu_model(name) if name else "CPU"
 
 

@@ -178,7 +178,7 @@ def _on_by_problem(df: pd.DataFrame) -> dict[str, str]:
         return {}
     out = {}
     for problem, group in df.groupby("problem"):
-        gpus = sorted({gpu_model(str(g)) for g in group.get("env.gpu", pd.Series(dtype=object)).dropna() if str(g)})
+        gpus = sorted({gpu_model(g) for g in group.get("env.gpu", pd.Series(dtype=object)) if isinstance(g, str) and g})
         out[str(problem)] = " or ".join(f"one {g}" for g in gpus) if gpus else "the CPU"
     return out
 
