@@ -122,7 +122,7 @@ def test_the_summary_and_limitations_name_the_host_the_results_ran_on(tmp_path):
            _point(tmp_path / "gpu", "ours", 5500.0)]
     ctx = leaderboard.build(gpu, tmp_path / "gpu", **GRID)
     assert ctx.summary[0]["part"] == "8B step, our entry: our kernels only (2× H200)"
-    assert "timed on 2 H200s, the only GPUs lent" in ctx.limitations[0]
+    assert "ours ran on 2 H200s, the only GPUs lent" in ctx.limitations[0]
     # the smoke grid: a tiny model as gloo processes on the CPU
     tiny = {"size": "tiny", "context_length": 32}
     cpu = [_point(tmp_path / "cpu", "pytorch_parts", 60.0, variant="pytorch_parts", **tiny),
@@ -136,7 +136,7 @@ def test_the_summary_and_limitations_name_the_host_the_results_ran_on(tmp_path):
                                                  "tiny step, our entry against PyTorch's own step at its memory "
                                                  "(same job)"]
     assert "H200" not in json.dumps(ctx.summary) + " ".join(ctx.limitations)
-    assert "timed on the CPU (2 gloo processes): a check of the pipeline" in ctx.limitations[0]
+    assert "ours ran on the CPU (2 gloo processes): a check of the pipeline" in ctx.limitations[0]
     text = _render(ctx, tmp_path / "cpu" / "report")  # no peak on the CPU: no MFU, the rest as on the GPUs
     assert "MFU" not in text.split("### ")[1] and "MFU is" not in text
 

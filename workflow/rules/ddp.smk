@@ -6,10 +6,14 @@
 AR = GRID["allreduce"]
 DDP = GRID["ddp"]
 
+# jobs not measured yet (no host with that many GPUs lent): left out; `--config grid=next` runs them
+AR_PENDING = set(AR.get("pending", []))
 for backend, device, worlds in (("nccl", "cuda", AR["nccl_world_sizes"]), ("gloo", "cpu", AR["gloo_world_sizes"])):
     if device == "cuda" and DEVICE != "cuda":
         continue  # the CPU smoke grid has no NCCL
     for world in worlds:
+        if f"{backend}-{world}" in AR_PENDING:
+            continue
         points = [point("allreduce", AR, size_bytes=b, device=device) for b in AR["sizes_bytes"]]
         experiment_job(
             "allreduce",

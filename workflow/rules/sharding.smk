@@ -106,4 +106,5 @@ experiment_job(
 section(
     "sharding",
     results_of("sharding_memory", "fsdp_step", "fsdp_trace") + timings_of("sharding_memory", "fsdp_step", "fsdp_trace"),
+    extra={"pending": sorted(PENDING)},
 )

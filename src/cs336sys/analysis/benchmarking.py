@@ -177,8 +177,7 @@ def _limitations(ctx: BenchmarkingContext) -> list[str]:
     if ctx.host_bound:
         limitations.append(
             f"{len(ctx.host_bound)} eager points keep the GPU busy less than {HOST_BOUND_BUSY:.0%} of their wall "
-            "time: their wall times measure the host (Python and kernel launches), so their trends across sizes, "
-            "contexts and dtypes are the CPU's; the GPU-busy times beside them give the GPU's.")
+            "time: their wall times, and their trends, are the host's; the GPU-busy times beside them are the GPU's.")
     elif ctx.bf16_slower:
         limitations.append(
             f"{len(ctx.bf16_slower)} of the eager bf16 points are slower than fp32: at these sizes and contexts the "

@@ -6,6 +6,7 @@ communication and PyTorch's DDP (14, 15, 17a, 19a; `ddp_steps`), the bucket over
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -71,7 +72,7 @@ def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None,
     ctx.summary = _summary(ctx)
     missing = (ctx.allreduce_nccl_worlds or {}).get("missing")
     unrun = ([f"the NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs"] if missing else []) + (
-        [f"DDP jobs {', '.join(pending)} (overlay `next`)"] if pending else [])  # config: ddp.pending
+        [f"DDP {_by_world(pending)} (overlay `next`)"] if pending else [])  # config: ddp.pending
     ctx.limitations = [f"Not run, for want of a host with the GPUs: {'; '.join(unrun)}."] if unrun else []
     return ctx
 
@@ -341,3 +342,19 @@ def _summary(ctx: DDPContext) -> list[dict]:
                      "why": None if met is not False else "a hook and a collective per tensor add host work to a "
                             "host-bound step"})
     return rows
+
+
+def _by_world(jobs: list[str]) -> str:
+    """Pending DDP jobs grouped by world size: "at 4 ranks (2.7B-fp32, xl-fp32) and 6 ranks (...)"; a name
+    without a world size (a 2-rank job of one round) is listed as it is."""
+    groups: dict[int, list[str]] = {}
+    plain = []
+    for job in sorted(jobs):
+        m = re.fullmatch(r"(.+)-ws(\d+)", job)
+        if m:
+            groups.setdefault(int(m.group(2)), []).append(m.group(1))
+        else:
+            plain.append(job)
+    said = [f"{w} ranks ({', '.join(names)})" for w, names in sorted(groups.items())]
+    parts = ([f"jobs {', '.join(plain)}"] if plain else []) + ([f"at {' and '.join(said)}"] if said else [])
+    return " and ".join(parts)

@@ -254,8 +254,8 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
         return ctx
     hosts = {h["plural"]: h["gpu"] for h in (_host(r.get("env") or {}, world_size) for _, _, r in results)}
     ctx.limitations.append(
-        f"The leaderboard runs on two B200s; the step here was timed on {' and '.join(hosts)}"
-        + (", the only GPUs lent (compared by the share of the datasheet peak a step reaches)."
+        f"The leaderboard runs on two B200s; ours ran on {' and '.join(hosts)}"
+        + (", the only GPUs lent (compared by the share of its datasheet peak)."
            if all(hosts.values()) else ": a check of the pipeline, not a timing."))
     rows, phases = [], []
     for job, name, r in _in_job_order(results, ctx.jobs):

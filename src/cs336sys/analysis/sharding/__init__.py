@@ -79,14 +79,19 @@ class ShardingContext(SectionContext):
     """The targets' records (`shared.target`): model state per variant, step-time ratios, met or missed."""
     summary: list[dict] | None = None
     """The section's lines of the report's summary page (the step-time targets that were measured)."""
+    limitations: list[str] | None = None
+    """Jobs left out until measured (the conclusions list them)."""
 
 
-def build(paths: list[Path], out: Path, **_: object) -> ShardingContext:
+def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: object) -> ShardingContext:
     """The section's context: environment, formulas, machine time, and where results exist the optimizer
-    sharding and FSDP parts per size, the single-rank proxy, the trace, the targets and their summary."""
+    sharding and FSDP parts per size, the single-rank proxy, the trace, the targets and their summary;
+    `pending`: the "<experiment>/<job>" names left out of the grid until measured (config: sharding.pending)."""
     frame = results_frame(paths)
     ctx = ShardingContext(env=environment_summary(frame), formulas=_formulas(),
                           machine_time=_machine_time(paths, frame) or None)
+    if pending:
+        ctx.limitations = [f"Not run, for want of a host with the GPUs: {_unrun(pending)} (overlay `next`)."]
     if frame.empty:
         return ctx
     targets: list[dict] = []
@@ -206,3 +211,18 @@ def _machine_time(paths: list[Path], frame: pd.DataFrame) -> dict | None:
     return {"experiments": experiments, "jobs": sum(e["jobs"] for e in experiments.values()),
             "wall_s": sum(e["wall_s"] for e in experiments.values()),
             "device_s": sum(e["device_s"] for e in experiments.values())}
+
+
+def _unrun(pending: list[str]) -> str:
+    """"optimizer sharding and FSDP at 6 ranks (2.7B, xl)" from "<experiment>/<size>-ws<n>" names."""
+    jobs: dict[tuple[str, str], list[str]] = {}
+    for name in sorted(pending):
+        experiment, _, job = name.partition("/")
+        size, _, world = job.rpartition("-ws")
+        what = {"sharding_memory": "optimizer sharding", "fsdp_step": "FSDP"}.get(experiment, experiment)
+        jobs.setdefault((what, world), []).append(size if world else job)
+    said: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # the experiments of one world size and job list
+    for (what, world), sizes in sorted(jobs.items(), key=lambda kv: (kv[0][0] != "optimizer sharding", kv[0][1])):
+        said.setdefault((world, tuple(sizes)), []).append(what)
+    return "; ".join(" and ".join(whats) + (f" at {world} ranks" if world else "") + f" ({', '.join(sizes)})"
+                     for (world, sizes), whats in said.items())
