@@ -54,3 +54,11 @@ def test_the_experiment_mode_needs_its_arguments_and_the_commit(tmp_path):
     proc = run_tool(tmp_path, "10", "matmul_peak")
     assert proc.returncode != 0 and "set CS336SYS_GIT_COMMIT" in proc.stderr
     assert not (tmp_path / "out" / "results.tgz").exists()  # nothing ran, nothing packed
+
+
+def test_the_experiment_mode_refuses_an_abbreviated_commit(tmp_path):
+    """A short hash would be recorded as is (the copy has no .git to expand it) and the report could not
+    name the code the results came from: refused before anything runs."""
+    proc = run_tool(tmp_path, "10", "matmul_peak", env={"CS336SYS_GIT_COMMIT": "9942f5d9"})
+    assert proc.returncode == 2 and "is not a full commit hash" in proc.stderr
+    assert not (tmp_path / "out" / "results.tgz").exists()

@@ -42,6 +42,11 @@ fi
 limit=${1:?usage: run_on_gpu_host.sh SECONDS TARGET... | run_on_gpu_host.sh tests [PYTEST_ARG...]}
 shift
 : "${CS336SYS_GIT_COMMIT:?set CS336SYS_GIT_COMMIT to the commit of this tree}"
+# the whole hash: the copy has no .git to expand an abbreviation, and the report names results by full hashes
+if [[ ! $CS336SYS_GIT_COMMIT =~ ^[0-9a-f]{40}$ ]]; then
+    echo "CS336SYS_GIT_COMMIT=$CS336SYS_GIT_COMMIT is not a full commit hash: pass \$(git rev-parse HEAD)" >&2
+    exit 2
+fi
 export CS336SYS_GIT_DIRTY=${CS336SYS_GIT_DIRTY:-0}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 echo "== $(date -u +%FT%TZ) ${gpus} GPU(s), commit ${CS336SYS_GIT_COMMIT}, limit ${limit} s: $*"
