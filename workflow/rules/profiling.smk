@@ -6,10 +6,15 @@
 PROF = GRID["profiling"]
 MEM = GRID["memory"]
 
+# [size, context length] not measured yet: left out of that size's job; `--config grid=next` runs them
+PROF_PENDING = {(str(size), int(ctx)) for size, ctx in PROF.get("pending", [])}
+if unknown := sorted(p for p in PROF_PENDING if p[0] not in PROF["sizes"] or p[1] not in PROF["context_lengths"]):
+    raise ValueError(f"profiling.pending names points not in the grid: {unknown}")
 for size in PROF["sizes"]:
     points = [
         point("kernel_profile", PROF, size=size, context_length=ctx, mode=mode, dtype=dtype)
         for ctx in PROF["context_lengths"]
+        if (size, ctx) not in PROF_PENDING
         for mode in PROF["modes"]
         for dtype in PROF["dtypes"]
     ]
