@@ -128,3 +128,54 @@ def test_the_optimised_series_says_every_size_and_names_its_kept_results_once(bu
     assert text.count("Made with earlier code") == 1
     assert "Made with earlier code: optimized_step at 1111111111; optimized_step (4 jobs) at 2222222222 (" in text
     assert "3333333333" not in text
+
+
+def _on_gpus(paths: list[Path], tmp_path: Path, gpu_of) -> list[Path]:
+    """Copies of the committed results, each result's GPU set to `gpu_of(relative path)`."""
+    copies = []
+    for p in paths:
+        if p.suffix != ".json":
+            copies.append(p)
+            continue
+        r = json.loads(p.read_text())
+        rel = p.relative_to(REPO).as_posix()
+        r["env"]["gpu"] = gpu_of(rel)
+        q = tmp_path / rel
+        q.parent.mkdir(parents=True, exist_ok=True)
+        q.write_text(json.dumps(r))
+        copies.append(q)
+    return copies
+
+
+def test_no_ratio_and_no_ceiling_is_taken_across_gpu_models(built, tmp_path):
+    # a grid part re-made on another GPU model (the whole-model compile points left on the H100 while the
+    # eager ones and the matmul ceilings moved to the H200): those pairs get no speed-up, the section names
+    # them, and each point's MFU is over its own GPU's ceiling, the H100's from its preset
+    from cs336sys.accounting.hardware import PRESETS
+
+    paths, _ = built
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    moved = random.choice(["full", "blocks"])
+    copies = _on_gpus(paths, tmp_path, lambda rel: h100 if f"-{moved}/" in rel else h200)
+    (tmp_path / "out").mkdir()
+    ctx = benchmarking.build(copies, tmp_path / "out")
+    assert ctx.cross_gpu and all(f"`{moved}`" in c and "H100" in c and "H200" in c for c in ctx.cross_gpu)
+    assert f", {moved} (×)" not in (ctx.tables_compile_compact or "")
+    rows = [line for line in ctx.tables_compile.splitlines() if f"| {moved} |" in line]
+    assert rows and all(line.endswith("| H200 / H100 |") for line in rows)
+    assert all(line.split("|")[8].strip() == "" for line in rows)  # the speed-up cell
+    assert moved not in ctx.compile_speedup_by_method
+    peak = {json.loads(p.read_text())["settings"]["dtype"]: json.loads(p.read_text())["metrics"]["tflops"]
+            for p in paths if "matmul_peak" in p.as_posix()}
+    assert ctx.ceilings[h200] == pytest.approx(peak) and ctx.peak_gpu == "H200"
+    assert ctx.ceilings[h100] == {"bf16": pytest.approx(PRESETS["h100"].flops / 1e12)}
+    assert ctx.ceiling_notes and "H100" in ctx.ceiling_notes[0]
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
+    assert "No ratio is taken across GPU models" in text and lint.problems(text) == []
+
+    # all on one GPU model: every pair has its ratio and nothing is named
+    same = _on_gpus(paths, tmp_path / "same", lambda rel: h200)
+    (tmp_path / "same" / "out").mkdir()
+    one = benchmarking.build(same, tmp_path / "same" / "out")
+    assert one.cross_gpu == [] and one.ceiling_notes == [] and moved in one.compile_speedup_by_method
+    assert "No ratio is taken" not in render_section("benchmarking", as_json(one), TEMPLATES)

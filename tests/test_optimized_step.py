@@ -3,6 +3,8 @@ step roofline's arithmetic against hand-computed cases."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -485,12 +487,15 @@ def test_roofline_of_the_27b_step():
     assert r.total_ms == pytest.approx(93.566, abs=1e-3)
 
 
+H100_CEILING = {"NVIDIA H100 80GB HBM3": {"bf16": 744.0}}  # GPU name -> dtype -> measured ceiling (TFLOP/s)
+
+
 def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     import pandas as pd
 
     from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
-    assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), {"bf16": 744.0}, tmp_path) is None
+    assert optimized_step(pd.DataFrame({"problem": ["benchmarking"]}), H100_CEILING, tmp_path) is None
     rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
              "configuration": name, "techniques": techniques, "median_ms": step, "std_ms": std,
              "env.gpu": "NVIDIA H100 80GB HBM3", "copy_bytes_per_s": 2.6e12,
@@ -500,7 +505,7 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
             for name, techniques, fb, step, std in [("fused_adamw", ["fused_adamw"], 100.0, 133.0, 8.0),
                                                     ("plain", [], 100.0, 190.0, 3.0),
                                                     ("cuda_graph", ["fused_adamw", "cuda_graph"], 101.0, 134.0, 0.2)]]
-    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)
+    ctx = optimized_step(pd.DataFrame(rows), H100_CEILING, tmp_path)
     # the H100 preset's 3.0 TB/s, not the point's own 2.6: 57.23 + 36.34 ms
     assert ctx["copy_sources"] == ["h100 preset"]
     lines = ctx["table"].splitlines()
@@ -510,7 +515,7 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert lines[2].endswith("| 93.6 | 2.03 |  |") and lines[3].endswith("| 93.6 | 1.42 | 1747 |")
     # the CUDA graph's point drew 684.4 W of 700 (within 3 %), the fused AdamW's 450.4 W
     assert ctx["power_capped"] == {"sizes": ["2.7B"], "limit_w": 700.0, "share": 0.97}
-    assert optimized_step(pd.DataFrame(rows[:2]), {"bf16": 744.0}, tmp_path)["power_capped"] == {}
+    assert optimized_step(pd.DataFrame(rows[:2]), H100_CEILING, tmp_path)["power_capped"] == {}
     # one column per size, the series down the rows (a longer series keeps the table within nine columns),
     # then the roofline, numbers right-aligned
     compact = ctx["compact"].splitlines()
@@ -538,6 +543,26 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["unmeasured"] == {}
 
 
+def test_a_step_is_set_against_its_own_gpus_ceiling_only(tmp_path):
+    # the roofline prices the products at the ceiling measured on the GPU model the step ran on: a ceiling of
+    # another model (the H200's, after the matmul job moved) is never used, and without one there is no roofline
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step
+
+    rows = [{"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512, "metric_batch_size": 4,
+             "configuration": "plain", "techniques": [], "median_ms": 190.0, "std_ms": 1.0,
+             "env.gpu": "NVIDIA H100 80GB HBM3",
+             "phase_median_ms": {"forward_backward": 150.0, "optimizer_step": 40.0, "zero_grad": 0.0}}]
+    ceiling = random.uniform(600.0, 800.0)
+    own = optimized_step(pd.DataFrame(rows), {"NVIDIA H100 80GB HBM3": {"bf16": ceiling},
+                                              "NVIDIA H200": {"bf16": 2 * ceiling}}, tmp_path)
+    roof = step_roofline("2.7B", 4, 512, matmul_flops_per_s=ceiling * 1e12, copy_bytes_per_s=3.0e12).total_ms
+    assert own["table"].splitlines()[2].split("|")[6].strip() == f"{roof:.1f}"
+    other = optimized_step(pd.DataFrame(rows), {"NVIDIA H200": {"bf16": ceiling}}, tmp_path)
+    assert other["table"].splitlines()[2].split("|")[6].strip() in ("", "nan")
+
+
 def test_a_configuration_one_size_has_not_measured_reads_as_such(tmp_path):
     # config/main.yaml's `pending` leaves a configuration out of one size's series: its cell in the
     # compact table reads "–" (not an empty cell, not a number), and the section names it and the size
@@ -552,7 +577,7 @@ def test_a_configuration_one_size_has_not_measured_reads_as_such(tmp_path):
             for size, series in [("xl", [("plain", [], 160.0), ("fused_adamw", ["fused_adamw"], 130.0)]),
                                  ("2.7B", [("plain", [], 190.0)])]
             for name, techniques, step in series]
-    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)
+    ctx = optimized_step(pd.DataFrame(rows), H100_CEILING, tmp_path)
     assert ctx["unmeasured"] == {"the fused AdamW": ["2.7B"]}
     compact = ctx["compact"].splitlines()
     assert compact[3].startswith("| fused AdamW |") and compact[3].endswith("| 130.0 | – |")
@@ -575,7 +600,7 @@ def test_a_configuration_is_slower_only_where_most_pairs_of_steps_say_so(tmp_pat
              "phase_median_ms": {"forward_backward": 50.0, "optimizer_step": 50.0, "zero_grad": 0.0}}
             for name, techniques in [("fused_adamw", ["fused_adamw"]), ("cuda_graph", ["fused_adamw", "cuda_graph"]),
                                      ("flash", ["fused_adamw", "cuda_graph", "flash"])]]
-    ctx = optimized_step(pd.DataFrame(rows), {"bf16": 744.0}, tmp_path)
+    ctx = optimized_step(pd.DataFrame(rows), H100_CEILING, tmp_path)
     assert ctx["best"]["2.7B"]["fastest_ms"] == rows[0]["median_ms"]
     assert ctx["slower"] == {"our FlashAttention-2": ["2.7B"]} and ctx["slower_pairs"] == 0.9
 

@@ -258,3 +258,26 @@ def test_templates_render_empty_and_filled(runs, tmp_path):
     assert "timeline_forward.png" in memory
     appendix = text.split(" Index of deliverables")[-1]
     assert "profiling/time_by_class.png" in appendix and "memory/checkpointing_sweep.png" in appendix
+
+
+def test_the_longest_context_that_ran_is_read_per_size_and_mode():
+    # nsys_profile (2026): per mode, each size's longest context that ran; "+" when the grid's longest ran; the
+    # first context out of memory after it; a size run on another GPU model than most is named
+    import random
+
+    def point(size, ctx, mode, status, gpu="NVIDIA H200"):
+        return {"settings": {"size": size, "context_length": ctx, "mode": mode}, "status": status,
+                "env": {"gpu": gpu}}
+
+    fits = random.choice([256, 512, 1024])
+    grid = [128, 256, 512, 1024, 2048]
+    results = [point("small", c, m, "ok") for c in grid for m in ("forward", "train_step")]
+    results += [point("xl", c, "train_step", "ok" if c <= fits else "oom") for c in grid]
+    results += [point("xl", c, "forward", "ok") for c in grid]
+    results += [point("2.7B", c, m, "oom" if (m, c) == ("train_step", 1024) else "ok", "NVIDIA H100 80GB HBM3")
+                for c in grid[:4] for m in ("forward", "train_step")]
+    random.shuffle(results)
+    longest = profiling_section._longest(results)
+    assert longest["train_step"] == ["small 2048+", f"xl {fits} ({grid[grid.index(fits) + 1]} out of memory)",
+                                     "2.7B 512 (1024 out of memory, on the H100)"]
+    assert longest["forward"] == ["small 2048+", "xl 2048+", "2.7B 1024+ (on the H100)"]

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.accounting.hardware import preset_for_gpu
 from cs336sys.analysis.benchmarking_context import BenchmarkingContext
 from cs336sys.analysis.benchmarking_runs import MODE_LABEL, overhead, warmup
 from cs336sys.analysis.benchmarking_speedups import HOST_BOUND_BUSY, busy, compile_speedups, precision_speedups
 from cs336sys.analysis.common import (
     environment_summary,
     figure,
+    gpu_model,
     log_axis,
     results_frame,
     save_csv,
@@ -48,14 +50,18 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
         return ctx
     if "context_length" in frame:
         frame["context_length"] = frame["context_length"].astype("Int64")
+    frame["gpu"] = frame["env.gpu"] if "env.gpu" in frame else None
     bench = frame[frame.problem == "benchmarking"].copy()
     warm = frame[frame.problem == "warmup"].copy()
     peak = frame[frame.problem == "matmul_peak"].copy()
     ctx.peak_tflops = {r["dtype"]: r["tflops"] for _, r in peak.iterrows() if r["status"] == "ok"}
+    _ceilings(ctx, peak, frame)
 
     ok = bench[bench.status == "ok"].copy()
     if not ok.empty:
-        ok["peak_tflops"] = ok["dtype"].map(ctx.peak_tflops)
+        # each point against the ceiling of the GPU model it ran on
+        ok["peak_tflops"] = [ctx.ceilings.get(g, {}).get(d) for g, d in zip(ok["gpu"], ok["dtype"], strict=True)]
+        ok["peak_tflops"] = ok["peak_tflops"].astype(float)
         ok["mfu_pct"] = 100 * ok.achieved_tflops / ok.peak_tflops
         ok["peak_memory_gib"] = ok.peak_memory_bytes / 2**30
 
@@ -70,12 +76,30 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     _spread(ctx, ok, bench)
     warmup(ctx, warm, out)
     overhead(ctx, paths, bench, warm, out)
-    ctx.optimized = optimized_step(frame, ctx.peak_tflops, out)  # None without the series' results
+    ctx.optimized = optimized_step(frame, ctx.ceilings, out)  # None without the series' results
     if not ok.empty:
         ctx.figures["times"] = _times_figure(ok, out)
     ctx.summary = _summary(ctx)
     ctx.limitations = _limitations(ctx)
     return ctx
+
+
+def _ceilings(ctx: BenchmarkingContext, peak: pd.DataFrame, frame: pd.DataFrame) -> None:
+    """The matmul ceiling of every GPU model with points here: measured in `matmul_peak`'s results, or for a
+    GPU those results are not from, its preset's ceiling where the project measured it (so a point is never
+    divided by another GPU model's rate)."""
+    ok = peak[peak.status == "ok"] if not peak.empty else peak
+    for _, r in ok.iterrows():
+        ctx.ceilings.setdefault(r["gpu"], {})[r["dtype"]] = float(r["tflops"])
+    gpus = sorted(ok["gpu"].dropna().unique()) if not ok.empty else []
+    ctx.peak_gpu = gpu_model(gpus[0]) if len(gpus) == 1 and isinstance(gpus[0], str) else None
+    for gpu in sorted({g for g in frame["gpu"].dropna() if isinstance(g, str)} - set(ctx.ceilings)):
+        preset = preset_for_gpu(gpu)
+        if preset is not None and preset.flops_source.startswith("measured"):
+            ctx.ceilings[gpu] = {"bf16": preset.flops / 1e12}
+            ctx.ceiling_notes.append(f"the {gpu_model(gpu)}'s points against its bf16 ceiling measured by the "
+                                     f"pipeline before the move, {preset.flops / 1e12:.0f} TFLOP/s "
+                                     f"(`cs336sys.accounting.hardware`)")
 
 
 def _all_points(ctx: BenchmarkingContext, bench: pd.DataFrame, ok: pd.DataFrame, out: Path) -> None:

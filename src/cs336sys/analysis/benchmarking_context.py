@@ -15,6 +15,17 @@ class BenchmarkingContext(SectionContext):
     """Figure name -> its file (`analysis.common.save_figure`): the times against size."""
     peak_tflops: dict[str, float] = field(default_factory=dict)
     """(MFU) Dtype -> the dense matmul ceiling measured on the GPU (TFLOP/s, `matmul_peak` results)."""
+    peak_gpu: str | None = None
+    """(MFU) The GPU model those ceilings were measured on ("H200"); a point run on another GPU model is set
+    against that model's own measured ceiling (`ceilings`), never against this one."""
+    ceilings: dict[str, dict[str, float]] = field(default_factory=dict)
+    """(MFU, roofline) GPU name -> dtype -> ceiling (TFLOP/s): the `matmul_peak` results for their GPU, and for
+    a GPU with points but no such results, its hardware preset's ceiling where the project measured it
+    (`cs336sys.accounting.hardware`)."""
+    ceiling_notes: list[str] = field(default_factory=list)
+    """(MFU) One phrase per ceiling taken from a preset: which GPU, which figure, from where."""
+    cross_gpu: list[str] = field(default_factory=list)
+    """(8b) Compiled points whose eager twin ran on another GPU model: no ratio is taken across GPUs."""
     # benchmarking_script (a, b): the grid and its times
     protocol: dict[str, list[int]] | None = None
     """(b) The warm-up steps, timed steps and batch sizes the result files record: {"warmup", "steps", "batch"}."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from cs336sys.analysis.benchmarking_runs import MODE_LABEL
-from cs336sys.analysis.common import figure, save_figure, save_table, sort_rows
+from cs336sys.analysis.common import figure, gpu_model, save_figure, save_table, sort_rows
 
 if TYPE_CHECKING:
     from cs336sys.analysis.benchmarking_context import BenchmarkingContext
@@ -101,17 +101,34 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
     compiled_modes = set(bench["compile"]) - {"eager"} if not bench.empty else set()
     if ok.empty or not compiled_modes:
         return
-    comp = ok[ok["compile"] != "eager"]
     keys = ["size", "context_length", "mode", "dtype"]
-    merged = comp[keys + ["mean_ms", "compile"]].merge(
-        ok[ok["compile"] == "eager"][keys + ["mean_ms"]], on=keys, suffixes=("_compiled", "_eager"))
+    gpu = ok["gpu"] if "gpu" in ok else pd.Series("", index=ok.index)
+    ok = ok.assign(gpu=gpu.fillna(""))
+    comp = ok[ok["compile"] != "eager"]
+    eager = ok[ok["compile"] == "eager"]
+    # a ratio only between points of one GPU model: a compiled point whose eager twin ran elsewhere is named
+    both = comp[keys + ["mean_ms", "compile", "gpu"]].merge(eager[keys + ["mean_ms", "gpu"]], on=keys,
+                                                            suffixes=("_compiled", "_eager"))
+    apart = both[both.gpu_compiled != both.gpu_eager]
+    ctx.cross_gpu = [f"`{c}` at {', '.join(dict.fromkeys(sort_rows(g, 'size')['size']))} ({len(g)} points) ran on the "
+                     f"{gpu_model(a)}, their eager twins on the {gpu_model(b)}"
+                     for (c, a, b), g in apart.groupby(["compile", "gpu_compiled", "gpu_eager"])]
+    merged = both[both.gpu_compiled == both.gpu_eager].drop(columns=["gpu_compiled", "gpu_eager"])
     if merged.empty:
         return
     merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
     merged = sort_rows(merged, *keys, "compile")
-    table = merged[keys + ["compile", "mean_ms_eager", "mean_ms_compiled", "speedup"]].rename(columns={
+    # every pair's times; a pair across GPU models has its GPUs and no ratio
+    every = sort_rows(both.assign(speedup=both.mean_ms_eager / both.mean_ms_compiled), *keys, "compile")
+    every.loc[every.gpu_compiled != every.gpu_eager, "speedup"] = float("nan")
+    columns = keys + ["compile", "mean_ms_eager", "mean_ms_compiled", "speedup"]
+    if not apart.empty:
+        every["gpus"] = [gpu_model(e) if e == c else f"{gpu_model(e)} / {gpu_model(c)}"
+                         for e, c in zip(every.gpu_eager, every.gpu_compiled, strict=True)]
+        columns.append("gpus")
+    table = every[columns].rename(columns={
         "context_length": "context", "compile": "compiled", "mean_ms_eager": "eager (ms)",
-        "mean_ms_compiled": "compiled (ms)", "speedup": "speed-up (×)"})
+        "mean_ms_compiled": "compiled (ms)", "speedup": "speed-up (×)", "gpus": "GPU (eager / compiled)"})
     ctx.tables_compile = save_table(table.assign(mode=table["mode"].map(MODE_LABEL)), out, "compile_speedup")
     compact = merged.assign(what=merged["mode"].map(MODE_LABEL) + ", " + merged["dtype"]
                             + (", " + merged["compile"] if len(compiled_modes) > 1 else "") + " (×)").pivot_table(

@@ -2,7 +2,8 @@
 techniques added one at a time (results of the `optimized_step` experiment), each against the step
 roofline of `cs336sys.accounting.roofline`, as a table and a waterfall figure.
 
-The roofline's matmul ceiling is the measured bf16 matmul peak (`matmul_peak` results); its copy
+The roofline's matmul ceiling is the bf16 matmul peak measured on the step's GPU model (`matmul_peak` results,
+or the model's preset where it holds the project's measurement); its copy
 bandwidth is the GPU preset's (`cs336sys.accounting.hardware`, measured by this project) where the
 result's GPU has one, else the copy bandwidth the point measured itself. Nothing here when the
 results hold no such series.
@@ -60,15 +61,16 @@ def _roofline_ms(row, matmul_flops_per_s: float | None) -> tuple[float | None, s
     return r.total_ms, source
 
 
-def optimized_step(frame: pd.DataFrame, peak_tflops: dict[str, float], out: Path) -> dict | None:
-    """The section context's `optimized`, or None without optimised-step results."""
+def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], out: Path) -> dict | None:
+    """The section context's `optimized`, or None without optimised-step results. `ceilings`: GPU name ->
+    dtype -> matmul ceiling (TFLOP/s); each step's roofline uses its own GPU's bf16 ceiling."""
     series = frame[(frame.problem == "optimized_step")] if "problem" in frame else frame
     if series.empty:
         return None
-    matmul = peak_tflops.get("bf16")
-    matmul_flops_per_s = matmul * 1e12 if matmul else None
     rows = []
     for _, r in series.iterrows():
+        matmul = ceilings.get(r.get("env.gpu"), {}).get("bf16")
+        matmul_flops_per_s = matmul * 1e12 if matmul else None
         row = {"size": r["size"], "configuration": r["configuration"], "status": r["status"],
                "graphed": "cuda_graph" in list(r.get("techniques") or [])}
         if r["status"] == "ok":

@@ -20,6 +20,7 @@ from cs336sys.analysis.common import (
     SIZE_ORDER,
     environment_summary,
     figure,
+    gpu_model,
     read_benchmark_tsv,
     results_frame,
     save_figure,
@@ -122,17 +123,24 @@ class ProfilingContext(SectionContext):
     """The section's lines of the report's summary page."""
     limitations: list[str] | None = None
     """What the profiled grid leaves out of the handout's."""
+    pending: list[str] | None = None
+    """Points of the grid not measured yet, "2.7B at 2048" (config `profiling.pending`, run by the overlay next)."""
+    longest: dict[str, list[str]] | None = None
+    """(2026) Mode -> per size, the longest context that ran and the first that did not ("xl 1024 (2048 out of
+    memory)"; "small 4096+": the longest tried ran)."""
 
 
-def build(paths: list[Path], out: Path, **_: object) -> ProfilingContext:
+def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: object) -> ProfilingContext:
+    """`pending`: points of the grid not measured yet ("2.7B at 2048"; config `profiling.pending`)."""
     frame = results_frame(paths)
-    ctx = ProfilingContext(env=environment_summary(frame))
+    ctx = ProfilingContext(env=environment_summary(frame), pending=list(pending) if pending else None)
     results = _load(paths)
     if not results:
         return ctx
     ok = [r for r in results if r["status"] == "ok"]
     ctx.not_ok = [f"{r['settings']['size']} ctx {r['settings']['context_length']} {r['settings']['mode']} "
                      f"{r['settings']['dtype']}: {r['status']}" for r in results if r["status"] != "ok"]
+    ctx.longest = _longest(results)
     timings = [p for p in paths if p.suffix == ".tsv" and p.exists()]
     if timings:
         ctx.machine_s = sum(read_benchmark_tsv(p) for p in timings)
@@ -161,6 +169,31 @@ def build(paths: list[Path], out: Path, **_: object) -> ProfilingContext:
     _attention(ctx, out, forward)
     _summary(ctx)
     return ctx
+
+
+def _longest(results: list[dict]) -> dict[str, list[str]]:
+    """nsys_profile (2026): per mode, each size's longest context that ran, as "xl 1024 (2048 out of memory)",
+    "small 4096+" (the longest tried ran: the limit lies beyond the grid) or "2.7B 512 (1024 out of memory, on
+    the H100)" when the size's points ran on another GPU model than most."""
+    by: dict[tuple[str, str], dict[int, str]] = {}
+    gpu: dict[str, set[str]] = {}
+    for r in results:
+        s = r["settings"]
+        by.setdefault((s["mode"], s["size"]), {})[int(s["context_length"])] = r["status"]
+        gpu.setdefault(s["size"], set()).add(gpu_model(r.get("env", {}).get("gpu") or ""))
+    models = [g for gs in gpu.values() for g in gs]
+    common = max(set(models), key=models.count) if models else ""
+    out: dict[str, list[str]] = {"forward": [], "train_step": []}
+    for (mode, size), statuses in sorted(by.items(), key=lambda kv: (kv[0][0], SIZE_ORDER.index(kv[0][1]))):
+        ran = [c for c, st in sorted(statuses.items()) if st == "ok"]
+        failed = [c for c, st in sorted(statuses.items()) if st != "ok" and (not ran or c > ran[-1])]
+        notes = [f"{failed[0]} {'out of memory' if statuses[failed[0]] == 'oom' else statuses[failed[0]]}"] \
+            if failed else []
+        notes += [f"on the {g}" for g in sorted(gpu[size] - {common})]
+        text = f"{size} {ran[-1] if ran else 'none'}{'' if failed or not ran else '+'}"
+        text += f" ({', '.join(notes)})" if notes else ""
+        out[mode] = [*out.get(mode, []), text]
+    return out
 
 
 def _summary(ctx: ProfilingContext) -> None:
