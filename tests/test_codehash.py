@@ -53,7 +53,6 @@ def src_copy(tmp_path, monkeypatch):
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
     monkeypatch.setattr(reachable, "_parse", _parse_once)
-    monkeypatch.setenv(codehash.CACHE_ENV, str(tmp_path / "hash-cache"))
     codehash.clear_cache()
     yield tmp_path / "cs336sys"
     codehash.clear_cache()
@@ -264,25 +263,15 @@ def test_globals_lookup_makes_the_whole_module_count(src_copy):
 # --- the rule's own properties ------------------------------------------------------------------
 
 
-def test_hashes_kept_on_disk_are_keyed_by_the_sources_content(src_copy):
-    cache = src_copy.parent / "hash-cache"
-    fresh = codehash.code_hash("cs336sys.peak:run_point", RUNNER)
-    (stored,) = cache.glob("*.json")
-    assert json.loads(stored.read_text()) == {f"cs336sys.peak:run_point\0{RUNNER}": fresh}
-    stored.write_text(json.dumps({f"cs336sys.peak:run_point\0{RUNNER}": "0" * 16}))  # what is stored is used
+def test_nothing_is_kept_between_processes(src_copy):
+    # hashes live in the process that computed them: an edit is seen by the next process (or after
+    # clear_cache) whatever was hashed before, and hashing writes no file anywhere
+    before = codehash.code_hash("cs336sys.peak:run_point", RUNNER)
+    edit(src_copy / "peak.py", "PEAK_DTYPES = (", "PEAK_DTYPES = ('fp16', ")
+    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER) == before  # this process's own, until cleared
     codehash.clear_cache()
-    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER) == "0" * 16
-    edit(src_copy / "peak.py", "\n", "\n# a comment\n")  # any byte of any source: another key, computed afresh
-    codehash.clear_cache()
-    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER) == fresh
-    assert len(list(cache.glob("*.json"))) == 2
-
-
-def test_the_hash_cache_can_be_turned_off(src_copy, monkeypatch):
-    monkeypatch.setenv(codehash.CACHE_ENV, "off")
-    codehash.clear_cache()
-    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER)
-    assert not (src_copy.parent / "hash-cache").exists()
+    assert codehash.code_hash("cs336sys.peak:run_point", RUNNER) != before
+    assert sorted(p.name for p in src_copy.parent.iterdir()) == ["cs336sys"]
 
 
 def test_closure_follows_what_runs():
@@ -340,9 +329,8 @@ def every_entry(src: Path = codehash.SRC) -> list[tuple[str, ...]]:
 
 
 def hashes_under(python: str, src: Path, entries: list[tuple[str, ...]]) -> dict[str, str]:
-    """The hashes `python` computes for `entries` from the sources under `src`, in a process of its own with
-    the disk cache off."""
-    env = {**os.environ, codehash.CACHE_ENV: "off", "PYTHONPATH": ""}
+    """The hashes `python` computes for `entries` from the sources under `src`, in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": ""}
     out = subprocess.run([python, "-c", _HASH_SCRIPT, str(src), json.dumps(entries)], capture_output=True,
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -362,38 +350,25 @@ def _every_hash_here() -> dict[str, str]:  # once for every other Python (the so
 @pytest.mark.parametrize("python", other_pythons() or [None])
 def test_same_hashes_under_another_python(python):
     """The same code hashes the same under every Python we run: every experiment and every module, each
-    computed from scratch in both processes (no disk cache that a first process filled for the second)."""
+    computed from scratch in both processes."""
     if python is None:
         pytest.skip(f"no Python of another version ({', '.join(VERSIONS)}) installed here to compare with")
     assert len(every_entry()) > 150
     assert hashes_under(python, codehash.SRC, every_entry()) == _every_hash_here()
 
 
-def test_a_corrupt_cache_cannot_make_the_python_comparison_pass(src_copy, monkeypatch):
-    """The cache is keyed by the Python too, and the comparison reads no cache: with every stored hash
-    overwritten, it still compares real hashes, and an edit that changes one makes it differ."""
+def test_the_python_comparison_fails_when_a_hash_differs(src_copy):
+    """The comparison reads no cache: each process computes every hash, so an edit that changes one, seen by
+    one side only, makes the two differ."""
     pythons = other_pythons()
     if not pythons:
         pytest.skip(f"no Python of another version ({', '.join(VERSIONS)}) installed here to compare with")
     entries = [("cs336sys.peak:run_point", RUNNER), ("cs336sys.precision:run_accumulation_point", RUNNER)]
-    src, cache = src_copy.parent, src_copy.parent / "hash-cache"
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from cs336sys import codehash; "
-              "print(codehash.code_hash('cs336sys.peak:run_point', 'cs336sys.run'))")
-    filled = subprocess.run([pythons[0], "-c", script, str(src)], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, codehash.CACHE_ENV: str(cache), "PYTHONPATH": ""})
-    assert filled.returncode == 0, filled.stderr
-    for e in entries:
-        codehash.code_hash(*e)
-    assert len(list(cache.glob("*.json"))) == 2  # one key per Python
-    for f in cache.glob("*.json"):
-        f.write_text(json.dumps(dict.fromkeys(json.loads(f.read_text()), "deadbeefdeadbeef")))
-    codehash.clear_cache()
-    assert codehash.code_hash(*entries[0]) == "deadbeefdeadbeef"  # the corrupt cache is in use for a cache reader
+    src = src_copy.parent
     real = hashes_here(src, entries)
-    assert "deadbeefdeadbeef" not in real.values()
     assert hashes_under(pythons[0], src, entries) == real
     edit(src_copy / "peak.py", "PEAK_DTYPES = (", "PEAK_DTYPES = ('fp16', ")
-    assert hashes_under(pythons[0], src, entries) != real  # a hash that differs fails the comparison
+    assert hashes_under(pythons[0], src, entries) != real
 
 
 def test_why_names_the_changed_statement(src_copy):

@@ -75,7 +75,6 @@ def small_repo(tmp_path, monkeypatch):
     first = commit(repo, "first")
     monkeypatch.chdir(repo)
     monkeypatch.setattr(codehash, "SRC", repo / "src")
-    monkeypatch.setenv(codehash.CACHE_ENV, "off")
     codehash.clear_cache()
     made = codehash.code_hash(*EXPERIMENT)
     record(repo, "results/exp/a.json", "exp_job", ["''", f"'{made}'", f"'{EXPERIMENT[0]}'", "'exp'"], first)

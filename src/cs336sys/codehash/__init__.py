@@ -24,10 +24,11 @@ the program) or `module:function`. `code_hash(*entries)` is 16 hex digits; `mani
 lists each counted statement with its own hash, which cs336sys.why compares with an earlier commit's to
 name what changed (`python -m cs336sys.codehash why`, the command line in __main__).
 
-This module is what callers use; beneath it, each importing only those after it: `diskcache` (the hashes
-kept between processes), `reachable` (the walk from an entry through what counts), `statements` (a module's
-top-level statements: what each binds, names and does at import) and `tokens` (what a statement's hash is
-made of).
+This module is what callers use; beneath it, each importing only those after it: `reachable` (the walk from
+an entry through what counts), `statements` (a module's top-level statements: what each binds, names and does
+at import) and `tokens` (what a statement's hash is made of). Hashes are kept within a process only: hashing
+every rule of the workflow costs about 1.5 CPU seconds a parse (measured, notes/runs/2026-11-28-rerun-rules),
+which a cache between processes saved only while no source had changed.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from cs336sys.codehash.diskcache import CACHE_ENV, _sources_digest, _store, _stored
 from cs336sys.codehash.reachable import Tree
 from cs336sys.codehash.statements import Module
 
-__all__ = ["CACHE_ENV", "RUNNER", "SRC", "Manifest", "Module", "Tree", "changes", "clear_cache",
+__all__ = ["RUNNER", "SRC", "Manifest", "Module", "Tree", "changes", "clear_cache",
            "closure", "code_hash", "describe", "diff", "manifest", "tree"]
 
 SRC = Path(__file__).resolve().parents[2]  # .../src
@@ -59,19 +59,11 @@ def tree() -> Tree:
 def clear_cache() -> None:
     _tree.cache_clear()
     _hash.cache_clear()
-    _sources_digest.cache_clear()
-    _stored.cache_clear()
 
 
 @cache
 def _hash(root: Path, entries: tuple[str, ...]) -> str:
-    key = "\0".join(entries)
-    stored = _stored(root).get(key)
-    if stored is not None:
-        return stored
-    value = _tree(root).code_hash(*entries)
-    _store(root, key, value)
-    return value
+    return _tree(root).code_hash(*entries)
 
 
 def code_hash(*entries: str) -> str:
