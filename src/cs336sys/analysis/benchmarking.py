@@ -68,6 +68,8 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     _all_points(ctx, bench, ok, out)
     _grid(ctx, bench, ok)
     eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
+    ran_on = sorted({gpu_model(g) for g in eager.get("gpu", pd.Series(dtype=object)).dropna() if isinstance(g, str)})
+    ctx.on_eager = " or ".join(f"one {g}" for g in ran_on) or None
     _timing_tables(ctx, eager, out)
     precision_speedups(ctx, ok, out)  # 4(c): fp32 vs bf16 autocast
     busy(ctx, ok, out)  # wall time against the GPU's busy time: which points wait on the host

@@ -24,6 +24,8 @@ class BenchmarkingContext(SectionContext):
     (`cs336sys.accounting.hardware`)."""
     ceiling_notes: list[str] = field(default_factory=list)
     """(MFU) One phrase per ceiling taken from a preset: which GPU, which figure, from where."""
+    on_eager: str | None = None
+    """Where the eager points ran, as a caption says it ("one H200"): the eager tables' captions."""
     cross_gpu: list[str] = field(default_factory=list)
     """(8b) Compiled points whose eager twin ran on another GPU model: no ratio is taken across GPUs."""
     # benchmarking_script (a, b): the grid and its times
