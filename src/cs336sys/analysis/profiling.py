@@ -165,6 +165,11 @@ def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: o
 
     _forward_time(ctx, out, forward)
     _top_kernels(ctx, out, forward, train)
+    if ctx.detail:  # where the detailed point ran, for its tables' captions
+        gpus = {gpu_model(r.get("env", {}).get("gpu") or "") for r in ok
+                if (r["settings"]["size"], r["settings"]["context_length"], r["settings"]["dtype"])
+                == (ctx.detail["size"], ctx.detail["context_length"], ctx.detail["dtype"])} - {""}
+        ctx.detail["on"] = " or ".join(f"one {g}" for g in sorted(gpus)) or None
     _classes(ctx, out, forward, train)
     _attention(ctx, out, forward)
     _summary(ctx)
