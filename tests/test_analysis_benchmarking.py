@@ -179,3 +179,13 @@ def test_no_ratio_and_no_ceiling_is_taken_across_gpu_models(built, tmp_path):
     one = benchmarking.build(same, tmp_path / "same" / "out")
     assert one.cross_gpu == [] and one.ceiling_notes == [] and moved in one.compile_speedup_by_method
     assert "No ratio is taken" not in render_section("benchmarking", as_json(one), TEMPLATES)
+
+
+def test_points_without_a_gpu_pair_with_the_ceiling_measured_without_one(built, tmp_path):
+    # the CPU smoke grid: no result names a GPU; the points and the ceilings pair as "" and MFU is computed
+    paths, _ = built
+    copies = _on_gpus(paths, tmp_path, lambda rel: None)
+    (tmp_path / "out").mkdir()
+    ctx = benchmarking.build(copies, tmp_path / "out")
+    assert set(ctx.ceilings) == {""} and ctx.peak_gpu is None and ctx.cross_gpu == [] and ctx.on_eager is None
+    assert ctx.best_mfu_by_dtype["bf16"]["pct"] > 0

@@ -50,7 +50,8 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
         return ctx
     if "context_length" in frame:
         frame["context_length"] = frame["context_length"].astype("Int64")
-    frame["gpu"] = frame["env.gpu"] if "env.gpu" in frame else None
+    # the GPU model a point ran on, "" for none (the CPU smoke grid): what ceilings and ratios are paired by
+    frame["gpu"] = [g if isinstance(g, str) else "" for g in frame.get("env.gpu", pd.Series(None, index=frame.index))]
     bench = frame[frame.problem == "benchmarking"].copy()
     warm = frame[frame.problem == "warmup"].copy()
     peak = frame[frame.problem == "matmul_peak"].copy()
@@ -68,7 +69,7 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     _all_points(ctx, bench, ok, out)
     _grid(ctx, bench, ok)
     eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
-    ran_on = sorted({gpu_model(g) for g in eager.get("gpu", pd.Series(dtype=object)).dropna() if isinstance(g, str)})
+    ran_on = sorted({gpu_model(g) for g in eager.get("gpu", pd.Series(dtype=object)) if g})
     ctx.on_eager = " or ".join(f"one {g}" for g in ran_on) or None
     _timing_tables(ctx, eager, out)
     precision_speedups(ctx, ok, out)  # 4(c): fp32 vs bf16 autocast
@@ -93,9 +94,9 @@ def _ceilings(ctx: BenchmarkingContext, peak: pd.DataFrame, frame: pd.DataFrame)
     ok = peak[peak.status == "ok"] if not peak.empty else peak
     for _, r in ok.iterrows():
         ctx.ceilings.setdefault(r["gpu"], {})[r["dtype"]] = float(r["tflops"])
-    gpus = sorted(ok["gpu"].dropna().unique()) if not ok.empty else []
-    ctx.peak_gpu = gpu_model(gpus[0]) if len(gpus) == 1 and isinstance(gpus[0], str) else None
-    for gpu in sorted({g for g in frame["gpu"].dropna() if isinstance(g, str)} - set(ctx.ceilings)):
+    gpus = sorted(ok["gpu"].unique()) if not ok.empty else []
+    ctx.peak_gpu = gpu_model(gpus[0]) if len(gpus) == 1 and gpus[0] else None
+    for gpu in sorted({g for g in frame["gpu"] if g} - set(ctx.ceilings)):
         preset = preset_for_gpu(gpu)
         if preset is not None and preset.flops_source.startswith("measured"):
             ctx.ceilings[gpu] = {"bf16": preset.flops / 1e12}

@@ -69,7 +69,8 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
         return None
     rows = []
     for _, r in series.iterrows():
-        matmul = ceilings.get(r.get("env.gpu"), {}).get("bf16")
+        gpu = r.get("env.gpu")
+        matmul = ceilings.get(gpu if isinstance(gpu, str) else "", {}).get("bf16")  # "": the CPU
         matmul_flops_per_s = matmul * 1e12 if matmul else None
         row = {"size": r["size"], "configuration": r["configuration"], "status": r["status"],
                "graphed": "cuda_graph" in list(r.get("techniques") or [])}
