@@ -178,6 +178,13 @@ def test_a_triton_kernel_edit_stales_the_flash_experiments_and_no_other(src_copy
                           "pytorch_attention", "memory_snapshot"}
 
 
+def test_a_gluon_kernel_edit_stales_the_experiments_that_launch_it_and_no_other(src_copy):
+    # a @gluon.jit helper of the warp-specialised forward: the Gluon attention benchmarks, the leaderboard
+    # step (its attention option 'gluon') and its one-GPU proxy; not the Triton grid nor anything else
+    changed = changed_after(src_copy, "attention/flash_gluon_forward_ws.py", "    if TURN >= 0:", "    if TURN > 0:")
+    assert changed == {"flash_leaderboard_gluon", "flash_leaderboard_rounds", "leaderboard_step", "leaderboard_proxy"}
+
+
 def test_a_function_body_edit_stales_exactly_its_callers(src_copy):
     # the matmul ceiling's own measurement: only the experiment that runs it
     assert changed_after(src_copy, "peak.py", "def matmul_tflops(", "def matmul_tflops(*_unused, ") == {
