@@ -321,7 +321,7 @@ def test_proxy_results_are_a_table_of_their_own_and_absent_without_them(tmp_path
     assert "ours_sdpa_fused_keep_attention" in ctx.tables["proxy"]  # the CSV also says what each config runs
     assert "attention kept through the checkpoint" in (out / "proxy.csv").read_text()
     text = _render(ctx, tmp_path)
-    assert "A one-GPU proxy of the step" in text and "not a leaderboard result" in text
+    assert "A one-GPU proxy" in text and "not a leaderboard result" in text
     out2 = tmp_path / "out2"
     out2.mkdir()
     plain = leaderboard.build(steps, out2, **GRID)
@@ -431,3 +431,25 @@ def test_the_readme_says_the_committed_results_verdict(tmp_path):
     ctx = leaderboard.build(paths, tmp_path, size="8B", context_length=32768, world_size=2, peak_tflops=989.4)
     readme = " ".join((repo / "README.md").read_text().split())
     assert ctx.readme_claim in readme, f"README.md should say: {ctx.readme_claim}"
+
+
+def test_where_the_entrys_step_goes_counts_the_recomputed_blocks_products():
+    # the products' FLOPs per GPU: dense layers and head forward and backward, plus each checkpointed block's
+    # dense forward again; their rate is those FLOPs over the matmul family's time
+    s = get_size("8B")
+    ckpt = random.choice([0, 12, 24, "all", [1, 5, 9]])
+    matmul_ms, step = random.uniform(2000, 3000), random.uniform(4.0, 6.0)
+    rows = [{"job": "gluon", "name": "entry", "step_s": step, "size": "8B", "context_length": 32768,
+             "batch_per_rank": 1, "checkpoint_blocks": ckpt}]
+    found = [{"job": "gluon", "config": "entry", "ms": {"matmuls": matmul_ms, "attention backward": 1500.0}},
+             {"job": "other", "config": "entry", "ms": {"matmuls": 1.0}}]
+    t = leaderboard_kernels.entry_time(found, {"job": "gluon", "config": "entry"}, rows)
+    block = 4 * s.d_model**2 + 3 * s.d_model * s.d_ff
+    n = {0: 0, 12: 12, 24: 24, "all": s.num_layers}.get(ckpt if not isinstance(ckpt, list) else None, 3)
+    dense = 6 * 32768 * (s.num_layers * block + s.d_model * s.vocab_size)
+    assert t["checkpointed"] == n and t["recompute_pf"] == pytest.approx(n * 2 * 32768 * block / 1e15)
+    assert t["matmul_tflops"] == pytest.approx((dense + n * 2 * 32768 * block) / (matmul_ms / 1e3) / 1e12)
+    assert t["recompute_s"] == pytest.approx(t["recompute_pf"] * 1e3 / t["matmul_tflops"])
+    assert t["seconds"]["attention backward"] == 1.5 and t["seconds"]["optimizer"] == 0.0
+    assert leaderboard_kernels.entry_time(found, None, rows) is None
+    assert leaderboard_kernels.entry_time(found, {"job": "gluon", "config": "absent"}, rows) is None

@@ -100,9 +100,8 @@ def _ceilings(ctx: BenchmarkingContext, peak: pd.DataFrame, frame: pd.DataFrame)
         preset = preset_for_gpu(gpu)
         if preset is not None and preset.flops_source.startswith("measured"):
             ctx.ceilings[gpu] = {"bf16": preset.flops / 1e12}
-            ctx.ceiling_notes.append(f"the {gpu_model(gpu)}'s points against its bf16 ceiling measured by the "
-                                     f"pipeline before the move, {preset.flops / 1e12:.0f} TFLOP/s "
-                                     f"(`cs336sys.accounting.hardware`)")
+            note = f"the {gpu_model(gpu)}'s points: its bf16 {preset.flops / 1e12:.0f}, measured earlier"
+            ctx.ceiling_notes.append(note)
 
 
 def _all_points(ctx: BenchmarkingContext, bench: pd.DataFrame, ok: pd.DataFrame, out: Path) -> None:
@@ -203,8 +202,8 @@ def _limitations(ctx: BenchmarkingContext) -> list[str]:
     limitations = []
     if ctx.host_bound:
         limitations.append(
-            f"{len(ctx.host_bound)} eager points keep the GPU busy less than {HOST_BOUND_BUSY:.0%} of their wall "
-            "time: their wall times, and their trends, are the host's; the GPU-busy times beside them are the GPU's.")
+            f"{len(ctx.host_bound)} eager points' GPU-busy time is under {HOST_BOUND_BUSY:.0%} of their wall time: "
+            "the wall times are the host's.")
     elif ctx.bf16_slower:
         limitations.append(
             f"{len(ctx.bf16_slower)} of the eager bf16 points are slower than fp32: at these sizes and contexts the "

@@ -73,7 +73,7 @@ def build(paths: list[Path], out: Path, allreduce_reference: dict | None = None,
     missing = (ctx.allreduce_nccl_worlds or {}).get("missing")
     unrun = ([f"the NCCL all-reduce at {' and '.join(str(n) for n in missing)} GPUs"] if missing else []) + (
         [f"DDP {_by_world(pending)} (overlay `next`)"] if pending else [])  # config: ddp.pending
-    ctx.limitations = [f"Not run, for want of a host with the GPUs: {'; '.join(unrun)}."] if unrun else []
+    ctx.limitations = [f"Not run (no host with the GPUs lent): {'; '.join(unrun)}."] if unrun else []
     return ctx
 
 

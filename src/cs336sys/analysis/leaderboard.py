@@ -35,7 +35,7 @@ from cs336sys.analysis.leaderboard_judgement import (
     headline_rows,
     verdict_of,
 )
-from cs336sys.analysis.leaderboard_kernels import kernel_gap, kernel_gap_table, kernels, kernels_table
+from cs336sys.analysis.leaderboard_kernels import entry_time, kernel_gap, kernel_gap_table, kernels, kernels_table
 from cs336sys.analysis.leaderboard_verdicts import (
     MEMORY_MATCH,
     TARGET_NATIVE_SPEEDUP,
@@ -100,6 +100,9 @@ class LeaderboardContext(SectionContext):
     """(25) The fastest config of ours with any attention, labelled by the attention it uses."""
     entry: dict | None = None
     """(25) Our entry: the fastest config with only our own kernels, against the targets and its job's baseline."""
+    entry_time: dict | None = None
+    """(25) Where our entry's step goes: kernel seconds by family, its products' rate, the recomputation's cost
+    (`leaderboard_kernels.entry_time`)."""
     natives: list[dict] | None = None
     """(25) Every PyTorch-native point timed beside our entry: time, peak, the entry's time in its job."""
     native: dict | None = None
@@ -208,7 +211,9 @@ def _row(job: str, name: str, r: dict, world_size: int, peak_tflops: float | Non
            "setup": _describe(st), "changes": _describe(st, changes_only=True),
            "with_sdpa": _describe({**st, "attention": "sdpa"}),  # the same config with SDPA's attention
            "attention": "sdpa" if st.get("variant", "ours") != "ours" else st.get("attention", "flash"),
-           "host": _host(r.get("env") or {}, world_size)}
+           "host": _host(r.get("env") or {}, world_size), "size": st.get("size"),
+           "context_length": st.get("context_length"), "batch_per_rank": st.get("batch_per_rank", 1),
+           "checkpoint_blocks": st.get("checkpoint_blocks", "all")}
     phases = []
     row["phase_device_ms"] = {}
     if r["status"] == "ok":
@@ -361,6 +366,7 @@ def _judge(ctx: LeaderboardContext, rows: list[dict], found: list[dict], out: Pa
             ctx.gap = gap
     ctx.fastest = fastest_point(rows)
     ctx.entry = entry_point(rows, ctx.floor_s)
+    ctx.entry_time = entry_time(found, ctx.entry, rows)
     ctx.natives = native_points(rows, ctx.entry)
     ctx.native = memory_matched(ctx.natives)
     ctx.verdicts = verdicts(ctx.entry, ctx.native)

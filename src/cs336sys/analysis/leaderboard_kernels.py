@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.analysis.common import save_table
+from cs336sys.sizes import get_size
 
 FAMILY_COLUMNS = ["attention forward", "attention backward", "matmuls", "other compute", "optimizer", "communication"]
 SHORT = {"attention forward": "attn. fwd", "attention backward": "attn. bwd", "other compute": "other",
@@ -95,3 +96,33 @@ def kernel_gap_table(gap: dict, out: Path) -> str:
           "difference (s)": k["diff_ms"] / 1e3}
          for f, k in sorted(gap.items(), key=lambda fk: -abs(fk[1]["diff_ms"]))
          if f in FAMILY_COLUMNS and (k["ours_ms"] or k["base_ms"])]), out, "kernel_gap", digits=3)
+
+
+def entry_time(kernels: list[dict], entry: dict | None, rows: list[dict]) -> dict | None:
+    """Where our entry's step goes: its profiled step's kernel seconds by family, the rate its matrix
+    products ran at, and what recomputing its checkpointed blocks costs in products.
+
+    The products' FLOPs per GPU are the dense layers' and the LM head's forward and backward (3 x 2 FLOPs a
+    parameter a token) and, for each checkpointed block, its dense forward again in the backward (attention's
+    products are counted with attention, not here); their rate is those FLOPs over the matmul family's time.
+    """
+    if entry is None:
+        return None
+    row = next((r for r in rows if r["job"] == entry["job"] and r["name"] == entry["config"]), None)
+    ms = next((k["ms"] for k in kernels if (k["job"], k["config"]) == (entry["job"], entry["config"])), None)
+    if row is None or ms is None or not ms.get("matmuls") or row.get("size") is None:
+        return None
+    s = get_size(row["size"])
+    tokens = row["context_length"] * row.get("batch_per_rank", 1)  # one rank's
+    block = 4 * s.d_model**2 + 3 * s.d_model * s.d_ff
+    ckpt = row.get("checkpoint_blocks", "all")
+    checkpointed = (s.num_layers if ckpt == "all" else 0 if ckpt in (None, "none") else
+                    len(ckpt) if isinstance(ckpt, (list, tuple)) else int(ckpt))  # "all", "none", k, or indices
+    dense = 3 * 2 * tokens * (s.num_layers * block + s.d_model * s.vocab_size)
+    recompute = checkpointed * 2 * tokens * block
+    rate = (dense + recompute) / (ms["matmuls"] / 1e3)
+    return {"job": entry["job"], "config": entry["config"], "step_s": row["step_s"],
+            "seconds": {f: ms.get(f, 0.0) / 1e3 for f in FAMILY_COLUMNS},
+            "matmul_pf": (dense + recompute) / 1e15, "matmul_tflops": rate / 1e12,
+            "checkpointed": checkpointed, "layers": s.num_layers, "recompute_pf": recompute / 1e15,
+            "recompute_s": recompute / rate}

@@ -38,10 +38,9 @@ DEFAULT_TARGET_X_ROOFLINE = 1.3
 POWER_CAP_SHARE = 0.97  # a median draw this close to the limit: the GPU held at its power cap
 SLOWER_PAIRS = 0.9  # "slower than the configuration before": in this fraction of pairs of timed steps at least
 # why a size below "2.7B" stays outside its target (the hand-run probes that measured it)
-WHY_OUTSIDE = ("the roofline prices every product at the 8192-cube product's rate, which the smaller sizes' "
-               "products do not reach in the step, and counts no activation traffic (norms, SwiGLU gate, RoPE, "
-               "residual adds); at small the products, attention and optimizer alone came to more than 1.3× on "
-               "an H100, and the levers left at medium were bounded or measured slower on an H200 (notes/runs/)")
+WHY_OUTSIDE = ("the roofline prices every product at the 8192-cube product's rate, which the smaller sizes' products "
+               "do not reach in the step, and counts no activation traffic (norms, SwiGLU gate, RoPE, residual adds; "
+               "the probes: notes/runs/)")
 
 
 def _copy_bandwidth(row) -> tuple[float | None, str]:

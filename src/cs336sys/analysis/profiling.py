@@ -28,6 +28,7 @@ from cs336sys.analysis.common import (
 )
 from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.kernel_names import compact_name, distinct_names
+from cs336sys.analysis.profiling_grid import longest_contexts
 from cs336sys.results import read_result
 
 AGREE_PCT = 10  # the profiler's forward "matches" the Python timer within this many percent
@@ -140,7 +141,7 @@ def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: o
     ok = [r for r in results if r["status"] == "ok"]
     ctx.not_ok = [f"{r['settings']['size']} ctx {r['settings']['context_length']} {r['settings']['mode']} "
                      f"{r['settings']['dtype']}: {r['status']}" for r in results if r["status"] != "ok"]
-    ctx.longest = _longest(results)
+    ctx.longest = longest_contexts(results)
     timings = [p for p in paths if p.suffix == ".tsv" and p.exists()]
     if timings:
         ctx.machine_s = sum(read_benchmark_tsv(p) for p in timings)
@@ -166,39 +167,13 @@ def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: o
     _forward_time(ctx, out, forward)
     _top_kernels(ctx, out, forward, train)
     if ctx.detail:  # where the detailed point ran, for its tables' captions
-        gpus = {gpu_model(r.get("env", {}).get("gpu") or "") for r in ok
-                if (r["settings"]["size"], r["settings"]["context_length"], r["settings"]["dtype"])
-                == (ctx.detail["size"], ctx.detail["context_length"], ctx.detail["dtype"])} - {""}
+        key = (ctx.detail["size"], ctx.detail["context_length"], ctx.detail["dtype"])
+        gpus = {gpu_model(r.get("env", {}).get("gpu") or "") for r in ok if _key(r) == key} - {""}
         ctx.detail["on"] = " or ".join(f"one {g}" for g in sorted(gpus)) or None
     _classes(ctx, out, forward, train)
     _attention(ctx, out, forward)
     _summary(ctx)
     return ctx
-
-
-def _longest(results: list[dict]) -> dict[str, list[str]]:
-    """nsys_profile (2026): per mode, each size's longest context that ran, as "xl 1024 (2048 out of memory)",
-    "small 4096+" (the longest tried ran: the limit lies beyond the grid) or "2.7B 512 (1024 out of memory, on
-    the H100)" when the size's points ran on another GPU model than most."""
-    by: dict[tuple[str, str], dict[int, str]] = {}
-    gpu: dict[str, set[str]] = {}
-    for r in results:
-        s = r["settings"]
-        by.setdefault((s["mode"], s["size"]), {})[int(s["context_length"])] = r["status"]
-        gpu.setdefault(s["size"], set()).add(gpu_model(r.get("env", {}).get("gpu") or ""))
-    models = [g for gs in gpu.values() for g in gs]
-    common = max(set(models), key=models.count) if models else ""
-    out: dict[str, list[str]] = {"forward": [], "train_step": []}
-    for (mode, size), statuses in sorted(by.items(), key=lambda kv: (kv[0][0], SIZE_ORDER.index(kv[0][1]))):
-        ran = [c for c, st in sorted(statuses.items()) if st == "ok"]
-        failed = [c for c, st in sorted(statuses.items()) if st != "ok" and (not ran or c > ran[-1])]
-        notes = [f"{failed[0]} {'out of memory' if statuses[failed[0]] == 'oom' else statuses[failed[0]]}"] \
-            if failed else []
-        notes += [f"on the {g}" for g in sorted(gpu[size] - {common})]
-        text = f"{size} {ran[-1] if ran else 'none'}{'' if failed or not ran else '+'}"
-        text += f" ({', '.join(notes)})" if notes else ""
-        out[mode] = [*out.get(mode, []), text]
-    return out
 
 
 def _summary(ctx: ProfilingContext) -> None:
@@ -216,6 +191,10 @@ def _summary(ctx: ProfilingContext) -> None:
         ctx.limitations = [f"Kernels were profiled for {', '.join(ctx.sizes)} at contexts "
                               f"{', '.join(str(c) for c in ctx.context_lengths)}; the 2025 handout's "
                               "nsys_profile asks for every model size at four context lengths."]
+
+
+def _key(result: dict) -> tuple:
+    return tuple(result["settings"][k] for k in ("size", "context_length", "dtype"))
 
 
 def _label(key: tuple) -> str:

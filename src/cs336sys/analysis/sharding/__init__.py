@@ -91,7 +91,7 @@ def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: o
     ctx = ShardingContext(env=environment_summary(frame), formulas=_formulas(),
                           machine_time=_machine_time(paths, frame) or None)
     if pending:
-        ctx.limitations = [f"Not run, for want of a host with the GPUs: {_unrun(pending)} (overlay `next`)."]
+        ctx.limitations = [f"Not run (no host with the GPUs lent): {_unrun(pending)} (overlay `next`)."]
     if frame.empty:
         return ctx
     targets: list[dict] = []
