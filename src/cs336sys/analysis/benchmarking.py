@@ -17,6 +17,7 @@ from cs336sys.analysis.common import (
     figure,
     gpu_model,
     log_axis,
+    ran_on,
     results_frame,
     save_csv,
     save_figure,
@@ -69,8 +70,7 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     _all_points(ctx, bench, ok, out)
     _grid(ctx, bench, ok)
     eager = bench[bench["compile"] == "eager"] if not bench.empty else bench
-    ran_on = sorted({gpu_model(g) for g in eager.get("gpu", pd.Series(dtype=object)) if g})
-    ctx.on_eager = " or ".join(f"one {g}" for g in ran_on) or None
+    ctx.on_eager = ran_on(eager["gpu"])
     _timing_tables(ctx, eager, out)
     precision_speedups(ctx, ok, out)  # 4(c): fp32 vs bf16 autocast
     busy(ctx, ok, out)  # wall time against the GPU's busy time: which points wait on the host

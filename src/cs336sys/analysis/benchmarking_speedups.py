@@ -101,9 +101,7 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
     compiled_modes = set(bench["compile"]) - {"eager"} if not bench.empty else set()
     if ok.empty or not compiled_modes:
         return
-    keys = ["size", "context_length", "mode", "dtype"]
-    gpu = ok["gpu"] if "gpu" in ok else pd.Series("", index=ok.index)
-    ok = ok.assign(gpu=gpu.fillna(""))
+    keys = ["size", "context_length", "mode", "dtype"]  # and "gpu", the model a point ran on ("": none)
     comp = ok[ok["compile"] != "eager"]
     eager = ok[ok["compile"] == "eager"]
     # a ratio only between points of one GPU model: a compiled point whose eager twin ran elsewhere is named

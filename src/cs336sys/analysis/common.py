@@ -170,6 +170,13 @@ def gpu_model(name: str) -> str:
     return next((m for m in GPU_MODELS if m in name), name)
 
 
+def ran_on(gpu_names) -> str | None:
+    """Where results ran, as a caption says it, from their `env.gpu` values: "one H100", "one H100 or one H200";
+    None when none names a GPU (the CPU)."""
+    models = sorted({gpu_model(g) for g in gpu_names if isinstance(g, str) and g})
+    return " or ".join(f"one {g}" for g in models) or None
+
+
 def _on_by_problem(df: pd.DataFrame) -> dict[str, str]:
     """Where each experiment's results ran, as a caption says it: 'one H100', 'one H100 or one H200' (some
     results on each), 'the CPU' (the smoke grid). A caption reads it instead of naming a GPU, so results re-made
@@ -178,8 +185,7 @@ def _on_by_problem(df: pd.DataFrame) -> dict[str, str]:
         return {}
     out = {}
     for problem, group in df.groupby("problem"):
-        gpus = sorted({gpu_model(g) for g in group.get("env.gpu", pd.Series(dtype=object)) if isinstance(g, str) and g})
-        out[str(problem)] = " or ".join(f"one {g}" for g in gpus) if gpus else "the CPU"
+        out[str(problem)] = ran_on(group.get("env.gpu", pd.Series(dtype=object))) or "the CPU"
     return out
 
 

@@ -20,7 +20,7 @@ from cs336sys.analysis.common import (
     SIZE_ORDER,
     environment_summary,
     figure,
-    gpu_model,
+    ran_on,
     read_benchmark_tsv,
     results_frame,
     save_figure,
@@ -168,8 +168,7 @@ def build(paths: list[Path], out: Path, pending: list[str] | None = None, **_: o
     _top_kernels(ctx, out, forward, train)
     if ctx.detail:  # where the detailed point ran, for its tables' captions
         key = (ctx.detail["size"], ctx.detail["context_length"], ctx.detail["dtype"])
-        gpus = {gpu_model(r.get("env", {}).get("gpu") or "") for r in ok if _key(r) == key} - {""}
-        ctx.detail["on"] = " or ".join(f"one {g}" for g in sorted(gpus)) or None
+        ctx.detail["on"] = ran_on(r.get("env", {}).get("gpu") for r in ok if _key(r) == key)
     _classes(ctx, out, forward, train)
     _attention(ctx, out, forward)
     _summary(ctx)
