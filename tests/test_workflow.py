@@ -189,9 +189,13 @@ def test_a_pending_configuration_waits_in_next_and_an_unknown_one_is_named(repo_
     main = {**config, "main": {**config["main"], "optimized_step": {**config["main"]["optimized_step"],
                                                                     "pending": pending}}}
     (tmp_path / "main.yaml").write_text(yaml.safe_dump(main, sort_keys=False))
-    main_commands = shell_commands(repo_copy, "--configfile", str(tmp_path / "main.yaml"), "--config", "pins=off")
-    next_commands = shell_commands(repo_copy, "--configfile", str(tmp_path / "main.yaml"), "--config", "grid=next",
-                                   "pins=off")
+    # forced, so each dry run prints the job's command whether or not the committed results match it (with
+    # main's list empty, the probe's job under `next` is the committed one, up to date)
+    force = ["--forcerun", *sorted(jobs)]
+    main_commands = shell_commands(repo_copy, "--configfile", str(tmp_path / "main.yaml"), *force,
+                                   "--config", "pins=off")
+    next_commands = shell_commands(repo_copy, "--configfile", str(tmp_path / "main.yaml"), *force,
+                                   "--config", "grid=next", "pins=off")
     for size, name in pending:
         job = f"optimized_step_{size.replace('.', '_')}"
         assert '"configuration":"plain"' in main_commands[job]
