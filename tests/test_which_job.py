@@ -1,4 +1,4 @@
-"""`python -m cs336sys.jobs which PATH` / `rule RULE` (cs336sys.whichjob) on the committed results: a
+"""`python -m cs336sys.whichjob which PATH` / `rule RULE` (cs336sys.whichjob) on the committed results: a
 result names its rule, experiment and point; rule -> files -> which gives the rule back; a path no
 rule makes and an unknown rule are errors with exit status 2; a changed code hash makes a result
 stale with the reason in words. One parse of the workflow serves most tests (a few seconds each)."""
@@ -85,7 +85,7 @@ def test_unknown_path_and_rule_are_clear_errors(wf):
 def test_the_command_line_exits_2_for_an_unknown_path_or_rule(capsys):
     assert whichjob.main(["rule", "matmul_pek"]) == 2
     assert "did you mean matmul_peak" in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, "-m", "cs336sys.jobs", "which", PEAK, "results/nowhere.json"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "cs336sys.whichjob", "which", PEAK, "results/nowhere.json"], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "rule        matmul_peak" in proc.stdout

@@ -10,8 +10,8 @@ Outcomes: `ok` (metrics), `oom` (out of memory is a result), `unsupported` (rais
 the point cannot run here, for a reason that is a fact), or an error (a bug: no result is written,
 so Snakemake reports the job failed).
 
-`python -m cs336sys.jobs which PATH...` says which rule makes a file, with which point, and whether
-it is up to date; `python -m cs336sys.jobs rule RULE` lists a rule's files (cs336sys.whichjob).
+Which rule makes a result file, and a rule's files: `python -m cs336sys.whichjob` (no experiment
+imports the re-run machinery, so none of it is in an experiment's code hash).
 """
 
 from __future__ import annotations
@@ -191,16 +191,3 @@ def attempt(fn: Callable, settings: Any, run: Run) -> Outcome:
     outcome.metrics["point_wall_s"] = outcome.wall_s
     return outcome
 
-
-# --- the command line: which rule makes a file (no experiment reaches this, so it is in no code hash) --
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`which PATH...` and `rule RULE`: see cs336sys.whichjob."""
-    from cs336sys.whichjob import main as which_main
-
-    return which_main(argv, prog="python -m cs336sys.jobs")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,5 @@
 """Which rule makes a file, with which point, and whether it is up to date; and a rule's files
-(`python -m cs336sys.jobs which PATH` / `rule RULE`: the usage is in cli).
+(`python -m cs336sys.whichjob which PATH` / `rule RULE`: the usage is in cli).
 
 Each module imports only those after it: `cli` (the command line), `workflow` (the workflow as Snakemake
 parses it, and the two questions asked of it), `render` (the answers as text), `model` (a rule and its files).

@@ -1,4 +1,4 @@
-"""`python -m cs336sys.whichjob`, the same as `python -m cs336sys.jobs which|rule`."""
+"""`python -m cs336sys.whichjob which PATH...` / `rule RULE` (the usage: cs336sys.whichjob.cli)."""
 
 import sys
 

@@ -1,10 +1,10 @@
 """Which rule makes a file, with which point, and whether it is up to date; and a rule's files.
 
-    python -m cs336sys.jobs which results/fsdp_step/2.7B-proxy/ours-bf16-layer.json
-    python -m cs336sys.jobs which results/autocast_dtypes       # a folder: every rule with files in it
-    python -m cs336sys.jobs rule fsdp_step_2_7B_proxy       # a rule's files, each with its status
-    python -m cs336sys.jobs which PATH --config grid=next   # the rules of another grid (overlay, smoke)
-    python -m cs336sys.jobs rule matmul_peak --json         # the same, as JSON
+    python -m cs336sys.whichjob which results/fsdp_step/2.7B-proxy/ours-bf16-layer.json
+    python -m cs336sys.whichjob which results/autocast_dtypes       # a folder: every rule with files in it
+    python -m cs336sys.whichjob rule fsdp_step_2_7B_proxy       # a rule's files, each with its status
+    python -m cs336sys.whichjob which PATH --config grid=next   # the rules of another grid (overlay, smoke)
+    python -m cs336sys.whichjob rule matmul_peak --json         # the same, as JSON
 
 Rules are generated (workflow/rules/rules.smk makes one per registered job), so no `rule X:` can be
 grepped. This asks Snakemake: the workflow is parsed through Snakemake's API as `snakemake -n` parses
