@@ -702,3 +702,23 @@ def test_nccl_without_an_nvlink_nominal_renders_n_a(tmp_path):
 def test_what_overlapping_bought_is_decided_against_the_variants_that_ran(naive, flat, outcome):
     o = {f"faster_than_{k}": v for k, v in (("naive", naive), ("flat", flat)) if v is not None}
     assert ddp_steps.overlap_outcome(o) == outcome
+
+
+def test_one_bucket_of_every_gradient_bounds_a_sweep_whose_largest_size_is_fastest():
+    """Past the largest size swept lies one bucket of all gradients, flat's schedule: where flat is slower than
+    the fastest (largest) size in every round, the optimum lies below one bucket; within the spread it is not
+    bounded; where a larger size was slower, the sweep brackets it and flat is not consulted."""
+    from cs336sys.analysis.ddp_steps import answers
+
+    def point(variant, rounds, mb=None):
+        return {"variant": variant, "mean_ms": sum(rounds) / len(rounds), "round_ms": rounds, "bucket_mb": mb}
+
+    buckets = {f"bucketed-{mb}": point("bucketed", r, mb) for mb, r in
+               ((100, [330.0, 331.0, 329.0]), (1000, [312.0, 311.0, 313.0]), (5000, [300.0, 301.0, 299.0]))}
+    slower = answers(buckets | {"flat": point("flat", [315.0, 314.0, 316.0])})["buckets"]
+    assert slower["best_mb"] == 5000 and not slower["brackets"]
+    assert slower["one_bucket"]["slower"] and slower["one_bucket"]["lo"] == pytest.approx(314.0 / 301.0)
+    within = answers(buckets | {"flat": point("flat", [315.0, 296.0, 316.0])})["buckets"]
+    assert not within["one_bucket"]["slower"] and within["one_bucket"]["lo"] < 1
+    buckets["bucketed-10000"] = point("bucketed", [305.0, 306.0, 304.0], 10000)
+    assert "one_bucket" not in answers(buckets | {"flat": point("flat", [315.0] * 3)})["buckets"]

@@ -305,6 +305,11 @@ def answers(by: dict) -> dict:
                         "spread": max(means) / min(means),
                         # the sweep brackets its optimum when a size on each side of the fastest was slower
                         "brackets": 0 < best < len(means) - 1, "largest_mb": bucketed[-1]["bucket_mb"]}
+        if flat and best == len(means) - 1:
+            # past the largest size swept lies one bucket of every gradient, whose all-reduce starts when the
+            # backward ends: flat's schedule (flat copies the gradients after the backward, not as they come)
+            r = _range(_ratio(flat, bucketed[best]))
+            a["buckets"]["one_bucket"] = {**r, "slower": bool(r and r["lo"] > 1)}
         runner_up = sorted(bucketed, key=lambda p: p["mean_ms"])[1] if len(bucketed) > 1 else None
         if runner_up is not None:  # is the fastest told apart from the next fastest, round by round?
             r = _range(_ratio(runner_up, bucketed[best]))
