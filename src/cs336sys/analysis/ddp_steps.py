@@ -309,7 +309,8 @@ def answers(by: dict) -> dict:
             # past the largest size swept lies one bucket of every gradient, whose all-reduce starts when the
             # backward ends: flat's schedule (flat copies the gradients after the backward, not as they come)
             r = _range(_ratio(flat, bucketed[best]))
-            a["buckets"]["one_bucket"] = {**r, "slower": bool(r and r["lo"] > 1)}
+            if r:
+                a["buckets"]["one_bucket"] = {**r, "slower": r["lo"] > 1}
         runner_up = sorted(bucketed, key=lambda p: p["mean_ms"])[1] if len(bucketed) > 1 else None
         if runner_up is not None:  # is the fastest told apart from the next fastest, round by round?
             r = _range(_ratio(runner_up, bucketed[best]))
