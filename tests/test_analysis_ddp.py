@@ -372,6 +372,8 @@ def test_ddp_step_table_and_answers(gpu_section):
     assert (out / ctx.ddp_figure).stat().st_size > 10_000
     assert (out / "ddp_steps_2.7B_bf16_ws2.csv").is_file()
     assert "| 2.7B, bf16, 2 ranks | 1 |" in ctx.ddp_bucket_table and "**306.0**" in ctx.ddp_bucket_table
+    row = next(line for line in ctx.ddp_bucket_table.splitlines() if line.startswith("| 2.7B, bf16, 2 ranks"))
+    assert "one bucket (flat) | PyTorch DDP |" in ctx.ddp_bucket_table and row.split("|")[-3].strip() == "360.0"
     assert a["buckets"]["brackets"] and a["buckets"]["largest_mb"] == 1000.0
 
 

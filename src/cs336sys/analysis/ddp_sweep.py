@@ -16,8 +16,9 @@ from cs336sys.units import MIB
 
 
 def sweep_table(jobs: list[dict], out: Path) -> str | None:
-    """(19a, the handout's table) Each job's mean step (ms) at each bucket size, PyTorch DDP's at its default
-    beside them, the fastest size in bold; None where no job has a bucketed point."""
+    """(19a, the handout's table) Each job's mean step (ms) at each bucket size, then flat's (one bucket of every
+    gradient: the sweep's limit past its largest size) and PyTorch DDP's at its default, the fastest size in
+    bold; None where no job has a bucketed point."""
     rows = []
     for j in jobs:
         bucketed = sorted((p for p in j["variants"].values() if p["variant"] == "bucketed"),
@@ -30,13 +31,15 @@ def sweep_table(jobs: list[dict], out: Path) -> str | None:
         for p in bucketed:
             cell = f"{p['mean_ms']:.1f}" if p["status"] == "ok" else p["status"]
             row[p["bucket_mb"]] = f"**{cell}**" if p is best else cell
+        flat = j["variants"].get("flat")
+        row["one bucket (flat)"] = f"{flat['mean_ms']:.1f}" if flat and flat["status"] == "ok" else ""
         default = j["variants"].get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB))
         row["PyTorch DDP"] = f"{default['mean_ms']:.1f}" if default and default["status"] == "ok" else ""
         rows.append(row)
     if not rows:
         return None
     sizes = sorted({k for r in rows for k in r if isinstance(k, float)})
-    frame = pd.DataFrame(rows)[["job", "rounds", *sizes, "PyTorch DDP"]].fillna("")
+    frame = pd.DataFrame(rows)[["job", "rounds", *sizes, "one bucket (flat)", "PyTorch DDP"]].fillna("")
     return save_table(frame.rename(columns={b: f"{b:g} MiB" for b in sizes}), out, "ddp_bucket_sweep", digits=1)
 
 
