@@ -29,6 +29,14 @@ log() { echo "slurm-smoke: $*" >&2; }
 # Long steps run in the background so that a signal interrupts `wait` at once (bash runs traps
 # only between commands). Snakemake ends cleanly (cancelling its Slurm jobs) on SIGINT, not on
 # SIGTERM, so a step is stopped with INT, both at its time limit and on interruption.
+# One cluster at a time: a second run (another clone's .ci/run) would bring up and tear down the same
+# cluster under the first one's jobs. Refused at once, before this one touches it (no trap set yet).
+exec 9>"$STATE_DIR.lock"
+if ! flock -n 9; then
+    log "another slurm-smoke.sh is using the cluster at $STATE_DIR (a second .ci/run?): run this after it ends"
+    exit 1
+fi
+
 child=""
 # run_step SECONDS COMMAND...: run COMMAND with a time limit, in the background, and wait for it.
 run_step() {
@@ -52,7 +60,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 start=$SECONDS
 
-bash "$here/slurm-up.sh"
+bash "$here/slurm-up.sh" 9>&-  # its daemons must not hold the lock past this script
 mkdir -p "$STATE_DIR"
 
 if (($# == 0)); then
