@@ -30,7 +30,7 @@ from torch import Tensor
 
 @dataclass
 class _Saved:
-    """One saved tensor in host memory: its group and slot, and how to rebuild it on its device."""
+    """What autograd keeps for an offloaded tensor: its group, its slot in the group, and the step it was saved in."""
 
     group: int
     slot: int
@@ -162,13 +162,13 @@ class HostOffload:
     def _fetch(self, index: int) -> None:
         g = self._groups[index]
         self.fetch_order.append(index)
-        if self.cuda and any(d.type == "cuda" for d in g.devices):
+        on_gpu = self.cuda and any(d.type == "cuda" for d in g.devices)
+        if on_gpu:
             self._to_device.wait_stream(self._to_host)  # the copies out of the device are complete
-            with torch.cuda.stream(self._to_device):
-                g.back = [torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device)
-                          .copy_(host, non_blocking=True) for host, device in zip(g.host, g.devices, strict=True)]
+        with torch.cuda.stream(self._to_device) if on_gpu else contextlib.nullcontext():
+            g.back = [torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device)
+                      .copy_(host, non_blocking=on_gpu) for host, device in zip(g.host, g.devices, strict=True)]
+            if on_gpu:
                 g.ready = torch.cuda.Event()
                 g.ready.record(self._to_device)
-        else:
-            g.back = [torch.empty_strided(h.shape, h.stride(), dtype=h.dtype).copy_(h) for h in g.host]
         self.copies_to_device += len(g.host)
