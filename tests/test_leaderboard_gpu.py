@@ -95,6 +95,8 @@ def _step_against_plain_model(info, seed: int, size: ModelSize = SMALL, options:
                            checkpoint_blocks=1, reshard_after_forward=True, ce_chunk_tokens=128, seed=seed,
                            world_size=world, **{"attention": "flash", **(options or {})})
     step = build_leaderboard_step(spec, device)
+    if step.offload is not None:
+        step.offload.min_bytes = 0  # the small model's saved tensors are under the step's 1 MiB threshold
     torch.manual_seed(seed)
     reference = build_model(size, SEQ, device=device)
     start = {name: p.detach().clone() for name, p in reference.named_parameters()}
@@ -116,7 +118,8 @@ def _step_against_plain_model(info, seed: int, size: ModelSize = SMALL, options:
     with torch.no_grad():
         diff = sum(((full[name].float() - p) ** 2).sum() for name, p in reference.named_parameters())
         update = sum(((p - start[name]) ** 2).sum() for name, p in reference.named_parameters())
-    return {"loss_err": loss_err, "update_err": (diff / update).sqrt().item()}
+    copies = step.offload.copies_to_host if step.offload is not None else None
+    return {"loss_err": loss_err, "update_err": (diff / update).sqrt().item(), "copies_to_host": copies}
 
 
 # The step's options (`fused_elementwise`, attention "flash_tuned", `keep_attention`), at d_head 128 so
@@ -130,6 +133,11 @@ OPTIONS = {
                                             "keep_attention": True}),
     "sdpa_fused_keep": (SMALL_D128, {"attention": "sdpa", "fused_elementwise": True, "keep_attention": True}),
     "gluon_fused_keep": (SMALL_D128, {"attention": "gluon", "fused_elementwise": True, "keep_attention": True}),
+    # the one checkpointed block's saved tensors in pinned host memory instead (copied on side streams)
+    "sdpa_fused_keep_offload": (SMALL_D128, {"attention": "sdpa", "fused_elementwise": True, "keep_attention": True,
+                                             "offload_blocks": 1}),
+    "gluon_fused_keep_offload": (SMALL_D128, {"attention": "gluon", "fused_elementwise": True,
+                                              "keep_attention": True, "offload_blocks": 1}),
 }
 
 
@@ -155,6 +163,8 @@ def test_step_in_bf16_matches_the_plain_model(world, options):
         # wrong gradient or a lost update is of the order of the update itself (100%).
         assert r["loss_err"] < 2e-2, f"rank {rank}: loss off by {r['loss_err']:.3g}"
         assert r["update_err"] < 0.15, f"rank {rank}: updates off by {r['update_err']:.3g} of their size"
+        if kwargs.get("offload_blocks"):
+            assert r["copies_to_host"] > 0, "the offloaded block sent nothing to host memory"
 
 
 def test_tuned_tiles_against_float64():

@@ -232,8 +232,10 @@ def test_block_policies_and_bad_options():
 def test_settings_keep_each_variants_options_to_it():
     with pytest.raises(ValueError, match="settings of variant pytorch_native only, not ours"):
         LeaderboardSettings(variant="ours", checkpoint_saves="attention")
-    with pytest.raises(ValueError, match="fused_elementwise and keep_attention are ours"):
+    with pytest.raises(ValueError, match="fused_elementwise, keep_attention and offload_blocks are ours"):
         LeaderboardSettings(variant="pytorch_native", keep_attention=True)
+    with pytest.raises(ValueError, match="offload_blocks are ours"):
+        LeaderboardSettings(variant="pytorch_native", checkpoint_blocks=24, offload_blocks=8)
     with pytest.raises(ValueError, match="sdpa_backend must be"):
         LeaderboardSettings(variant="pytorch_native", sdpa_backend="fastest")
     options = LeaderboardSettings(variant="pytorch_native", matmul_blocks=3, reduce_dtype="bf16").native_options()

@@ -12,6 +12,9 @@ Also the host link alone: pinned device-to-host and host-to-device copies of 1 G
 
     PYTHONPATH=src python notes/runs/2026-11-29-offload-probe/probe.py [--blocks 4] [--steps 5]
     PYTHONPATH=src python notes/runs/2026-11-29-offload-probe/probe.py --device cpu --tiny   # the code path
+    ... probe.py --blocks 12 --lead 4 --policies kept,checkpointed,offloaded,kept,checkpointed,offloaded
+        # only the first 4 of 12 blocks offloaded or checkpointed, as a step would treat its earliest blocks:
+        # their copies out have the later blocks' forward to hide under, their copies back the later backward
 
 Reading it: a block offloaded instead of checkpointed saves its recomputation (the step's own profile puts
 that at ~18 ms a block) and costs whatever of its ~2 x 4 GB of copies the compute does not hide; the peak
@@ -61,13 +64,15 @@ def link(device: str, gib: float) -> dict:
     return {"d2h_gb_s": n / d2h / 1e9, "h2d_gb_s": n / h2d / 1e9, "both_gb_s_each": n / duplex / 1e9}
 
 
-def step_times(blocks, x, policy: str, steps: int, device: str) -> dict:
+def step_times(blocks, x, policy: str, steps: int, device: str, lead: int) -> dict:
     offload = HostOffload()
 
     def forward():
         h = x
         for i, block in enumerate(blocks):
             mode = policy if policy != "alternate" else ("offloaded" if i % 2 == 0 else "kept")
+            if i >= lead:  # only the first `lead` blocks follow the policy; the later ones keep theirs
+                mode = "kept"
             if mode == "checkpointed":
                 h = checkpoint(block, h, use_reentrant=False)
             elif mode == "offloaded":
@@ -94,7 +99,8 @@ def step_times(blocks, x, policy: str, steps: int, device: str) -> dict:
             peaks.append((torch.cuda.max_memory_allocated() - base) / 1e9)
         if k >= 2:
             times.append((time.perf_counter() - t) * 1e3)
-    return {"policy": policy, "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+    return {"policy": policy, "lead": min(lead, len(blocks)), "median_ms": statistics.median(times),
+            "min_ms": min(times), "max_ms": max(times),
             "peak_gb_over_weights": max(peaks) if peaks else None, "host_gb": offload.host_bytes() / 1e9}
 
 
@@ -103,6 +109,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lead", type=int, default=10**6,
+                   help="the policy for the first LEAD blocks only, the rest kept (default: every block)")
     p.add_argument("--tiny", action="store_true", help="a small block and sequence (the code path, on the CPU)")
     p.add_argument("--policies", default="kept,checkpointed,offloaded,alternate,kept,checkpointed,offloaded,alternate")
     args = p.parse_args()
@@ -117,7 +125,7 @@ def main() -> None:
            "blocks": args.blocks, "width": d, "d_ff": d_ff, "seq": seq, "dtype": str(dtype)}
     print(json.dumps({"env": env, "link": link(args.device, 1.0)}))
     for policy in args.policies.split(","):  # each policy twice, in turn: a drift of the machine falls on all
-        print(json.dumps(step_times(blocks, x, policy, args.steps, args.device)), flush=True)
+        print(json.dumps(step_times(blocks, x, policy, args.steps, args.device, args.lead)), flush=True)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,9 @@ def _describe(settings: dict, changes_only: bool = False) -> str:
         parts.append("fused elementwise" if changes_only else "fused RMSNorm, SwiGLU gate and RoPE")
     if settings.get("keep_attention"):
         parts.append("kept attention" if changes_only else "attention kept through the checkpoint")
+    if settings.get("offload_blocks"):
+        k = settings["offload_blocks"]
+        parts.append(f"{k} offloaded" if changes_only else f"the first {k} of them offloaded to host memory instead")
     return ", ".join(parts) or "nothing"
 
 

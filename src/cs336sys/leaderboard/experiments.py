@@ -76,6 +76,8 @@ class LeaderboardSettings:
     """Ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels."""
     keep_attention: bool = False
     """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned, gluon) and do not recompute it."""
+    offload_blocks: int = 0
+    """Ours only: the first this many checkpointed blocks keep their saved tensors in host memory instead."""
     checkpoint_saves: str = "nothing"
     """PyTorch-native only: what its checkpointed blocks save (selective checkpointing): nothing | attention."""
     matmul_blocks: int = 0
@@ -110,9 +112,9 @@ class LeaderboardSettings:
             raise ValueError(f"unknown variant {self.variant!r}; known: {', '.join(STEP_VARIANTS)}")
         if self.variant == "pytorch_native":
             self.native_options()  # its values checked here, before any job starts
-            if self.fused_elementwise or self.keep_attention:
-                raise ValueError("fused_elementwise and keep_attention are ours; the PyTorch-native step's policy is "
-                                 "checkpoint_blocks, checkpoint_saves and matmul_blocks")
+            if self.fused_elementwise or self.keep_attention or self.offload_blocks:
+                raise ValueError("fused_elementwise, keep_attention and offload_blocks are ours; the PyTorch-native "
+                                 "step's policy is checkpoint_blocks, checkpoint_saves and matmul_blocks")
         else:
             changed = [n for n in NATIVE_ONLY if getattr(self, n) != type(self).__dataclass_fields__[n].default]
             if changed:
@@ -129,8 +131,8 @@ class LeaderboardSettings:
                                checkpoint_blocks=tuple(policy) if isinstance(policy, list) else policy,
                                reshard_after_forward=self.reshard_after_forward,
                                fused_elementwise=self.fused_elementwise, keep_attention=self.keep_attention,
-                               ce_chunk_tokens=self.ce_chunk_tokens, seed=self.seed,
-                               world_size=REQUIRED_WORLD_SIZE)
+                               offload_blocks=self.offload_blocks, ce_chunk_tokens=self.ce_chunk_tokens,
+                               seed=self.seed, world_size=REQUIRED_WORLD_SIZE)
 
     def native_options(self) -> NativeOptions:  # noqa: F821  (imported here: the proxy imports this module)
         """The PyTorch-native step's own settings (`cs336sys.leaderboard.native.NativeOptions`)."""

@@ -56,6 +56,8 @@ class ProxySettings:
     """Ours only: the blocks' RMSNorm, SwiGLU gate and RoPE as Triton kernels."""
     keep_attention: bool = False
     """Ours only: checkpointed blocks keep attention's outputs (sdpa, flash_tuned, gluon) and do not recompute it."""
+    offload_blocks: int = 0
+    """Ours only: the first this many checkpointed blocks keep their saved tensors in host memory instead."""
     ce_chunk_tokens: int = 4096
     """Tokens per chunk of the LM head + cross-entropy (the full logits never exist)."""
     warmup: int = 2
@@ -81,7 +83,8 @@ class ProxySettings:
                                attention=self.attention,
                                checkpoint_blocks=tuple(policy) if isinstance(policy, list) else policy,
                                fused_elementwise=self.fused_elementwise, keep_attention=self.keep_attention,
-                               ce_chunk_tokens=self.ce_chunk_tokens, seed=self.seed, world_size=1)
+                               offload_blocks=self.offload_blocks, ce_chunk_tokens=self.ce_chunk_tokens,
+                               seed=self.seed, world_size=1)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,11 @@ gate and RoPE as Triton kernels); attention "flash_tuned" is our flash through t
 (`cs336sys.leaderboard.attention`: the tiles tuned at the 8B's shape), attention "gluon" our Gluon
 kernels for Hopper (the same module); `keep_attention` makes each checkpointed block keep attention's
 outputs from the forward, so its recompute skips attention's forward kernel (SDPA's, "flash_tuned"'s
-or "gluon"'s).
+or "gluon"'s); `offload_blocks` (k) takes the first k checkpointed blocks out of checkpointing: their
+saved tensors go to pinned host memory during the forward and come back before their backward
+(`cs336sys.leaderboard.offload.HostOffload`), so they are not recomputed. The earliest blocks, since
+their copies have the rest of the step to hide under (one H200: the first 4 of 12 blocks offloaded ran
+as fast as keeping all 12, the first 8 of 12 1.6x slower; notes/runs/2026-11-29-offload-probe).
 
 Why drive the parts instead of calling `model(tokens)`: the model's forward ends in full logits
 (151,936 x 32,768 x 4 bytes = 20 GB in fp32) and checkpoints every k-th group uniformly; the step
@@ -47,9 +51,11 @@ from torch.func import functional_call
 
 from cs336sys.distributed import process_group
 from cs336sys.distributed.fsdp_blocks import BlockFSDP, leaderboard_units
+from cs336sys.distributed.fsdp_unit import FlatUnit
 from cs336sys.dtypes import torch_dtype
 from cs336sys.leaderboard.adamw import FusedAdamW
 from cs336sys.leaderboard.loss import lm_head_cross_entropy
+from cs336sys.leaderboard.offload import HostOffload
 from cs336sys.model import AttentionFn, TransformerLM, build_model
 from cs336sys.sizes import ModelSize, get_size, parameter_count, train_step_flops
 
@@ -65,7 +71,7 @@ class LeaderboardSpec:
 
     `checkpoint_blocks`: "all", "none", k (the first k blocks: their activations live longest), or
     a tuple of block indices. `world_size`: the number of ranks the step must run on (None: any).
-    `fused_elementwise`, `keep_attention`: see the module docstring.
+    `fused_elementwise`, `keep_attention`, `offload_blocks`: see the module docstring.
     """
 
     size: str | ModelSize = "8B"
@@ -83,6 +89,7 @@ class LeaderboardSpec:
     weight_decay: float = 0.01
     fused_elementwise: bool = False
     keep_attention: bool = False
+    offload_blocks: int = 0
 
     def __post_init__(self) -> None:
         size = get_size(self.size)
@@ -95,7 +102,11 @@ class LeaderboardSpec:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.world_size is not None and self.world_size < 1:
             raise ValueError(f"world_size must be positive (or None), got {self.world_size}")
-        checkpointed_blocks(self.checkpoint_blocks, size.num_layers)
+        checkpointed = checkpointed_blocks(self.checkpoint_blocks, size.num_layers)
+        if (not isinstance(self.offload_blocks, int) or isinstance(self.offload_blocks, bool)
+                or not 0 <= self.offload_blocks <= len(checkpointed)):
+            raise ValueError(f"offload_blocks={self.offload_blocks!r}: the first k of the {len(checkpointed)} "
+                             f"checkpointed blocks, 0 <= k <= {len(checkpointed)}")
         if self.keep_attention and self.attention not in KEPT_ATTENTION:
             raise ValueError(f"keep_attention keeps the forward of attention {' or '.join(KEPT_ATTENTION)}, "
                              f"not {self.attention!r}")
@@ -103,6 +114,13 @@ class LeaderboardSpec:
     @property
     def model_size(self) -> ModelSize:
         return get_size(self.size)
+
+    def block_policy(self) -> tuple[frozenset[int], frozenset[int]]:
+        """(checkpointed, offloaded): the blocks recomputed in the backward, and those whose saved tensors
+        wait in host memory instead (the first `offload_blocks` of `checkpoint_blocks`); the rest keep theirs."""
+        chosen = checkpointed_blocks(self.checkpoint_blocks, self.model_size.num_layers)
+        offloaded = frozenset(sorted(chosen)[:self.offload_blocks])
+        return chosen - offloaded, offloaded
 
 
 def checkpointed_blocks(policy: CheckpointPolicy | set[int] | frozenset[int], num_layers: int) -> frozenset[int]:
@@ -207,6 +225,8 @@ class LeaderboardStep(StepLoop):
     checkpointed: frozenset[int]
     info: dict = field(default_factory=dict)
     checkpoint_context: Callable | None = None  # the checkpoint's context_fn (keep_attention's policy)
+    offloaded: frozenset[int] = frozenset()
+    offload: HostOffload | None = None  # holds the offloaded blocks' saved tensors (when `offloaded`)
     phase: Callable[[str], contextlib.AbstractContextManager] = no_phase
 
     def _embed(self, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
@@ -220,6 +240,26 @@ class LeaderboardStep(StepLoop):
             return lambda params, x: fused_block_forward(block, params, x)
         return lambda params, x: functional_call(block, params, (x,))
 
+    def _offloaded_fn(self, index: int, fn: Callable[[dict[str, Tensor], Tensor], Tensor]
+                      ) -> Callable[[dict[str, Tensor], Tensor], Tensor]:
+        """`fn` with block `index`'s saved tensors sent to host memory. Its hooks replace the unit's own
+        (`FlatUnit.pack`: the gathered weights saved as views of the unit's buffer, not copied), so they
+        run the unit's first: a weight stays a view, any other tensor goes to the host."""
+        unit, offload = self.fsdp.units[index + 1], self.offload
+
+        def pack(t: Tensor) -> object:
+            saved = unit.pack(t)
+            return offload.pack(saved) if isinstance(saved, Tensor) else saved
+
+        def unpack(saved: object) -> Tensor:
+            return FlatUnit.unpack(offload.unpack(saved))
+
+        def run(params: dict[str, Tensor], x: Tensor) -> Tensor:
+            with offload.group(index), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                return fn(params, x)
+
+        return run
+
     def _head_loss(self, params: dict[str, Tensor], x: Tensor, targets: Tensor) -> Tensor:
         h = functional_call(self.model.ln_final, {"weight": params["ln_final.weight"]}, (x,))
         return lm_head_cross_entropy(h, params["lm_head.weight"], targets, self.spec.ce_chunk_tokens)
@@ -228,15 +268,30 @@ class LeaderboardStep(StepLoop):
         """Embedding, blocks, head + loss: this rank's mean loss (a graph to backpropagate)."""
         with self.phase("forward"):
             x = self.fsdp.run_unit(0, self._embed, self.tokens)
+            last_offloaded = max(self.offloaded, default=None)
             for i in range(len(self.model.layers)):
-                x = self.fsdp.run_unit(i + 1, self._block_fn(i), x, checkpointed=i in self.checkpointed,
+                fn = self._block_fn(i)
+                if i in self.offloaded:
+                    fn = self._offloaded_fn(i, fn)
+                elif last_offloaded is not None and i == last_offloaded + 2 and x.requires_grad:
+                    # the copies back start once this block's backward is done: the next block's backward
+                    # hides them, and the step's peak (the end of the forward) does not hold them
+                    x.register_hook(self._prefetch)
+                x = self.fsdp.run_unit(i + 1, fn, x, checkpointed=i in self.checkpointed,
                                       context_fn=self.checkpoint_context)
+            if last_offloaded is not None and last_offloaded + 2 >= len(self.model.layers):
+                self.offload.prefetch()
             return self.fsdp.run_unit(len(self.model.layers) + 1, self._head_loss, x, self.targets)
+
+    def _prefetch(self, grad: Tensor) -> None:
+        self.offload.prefetch()
 
     def forward_backward(self) -> Tensor:
         loss = self.forward()
         with self.phase("backward"):
             loss.backward()
+        if self.offload is not None:
+            self.offload.reset()  # the host buffers back to the pool, for the next step
         return loss.detach()
 
     def sync(self) -> None:
@@ -267,12 +322,15 @@ def build_leaderboard_step(spec: LeaderboardSpec, device: str | torch.device,
     tokens, targets = random_batch(size, spec.batch_per_rank, spec.context_length,
                                    spec.seed + 1 + rank if data_seed is None else data_seed, device)
     batch = spec.batch_per_rank * world
+    checkpointed, offloaded = spec.block_policy()
     info = {"batch_size": batch, "batch_per_rank": spec.batch_per_rank, "world_size": world,
             "parameters": parameter_count(size), "flops_per_step": train_step_flops(size, batch, spec.context_length),
-            "checkpointed_blocks": sorted(checkpointed_blocks(spec.checkpoint_blocks, size.num_layers))}
+            "checkpointed_blocks": sorted(checkpointed)}
+    if offloaded:
+        info["offloaded_blocks"] = sorted(offloaded)
     context = None
     if spec.keep_attention:
         from cs336sys.leaderboard.attention import keep_attention_context as context
-    return LeaderboardStep(spec, model, fsdp, optimizer, tokens, targets, device,
-                           checkpointed_blocks(spec.checkpoint_blocks, size.num_layers), info,
-                           checkpoint_context=context)
+    return LeaderboardStep(spec, model, fsdp, optimizer, tokens, targets, device, checkpointed, info,
+                           checkpoint_context=context, offloaded=offloaded,
+                           offload=HostOffload() if offloaded else None)
