@@ -453,3 +453,24 @@ def test_where_the_entrys_step_goes_counts_the_recomputed_blocks_products():
     assert t["seconds"]["attention backward"] == 1.5 and t["seconds"]["optimizer"] == 0.0
     assert leaderboard_kernels.entry_time(found, None, rows) is None
     assert leaderboard_kernels.entry_time(found, {"job": "gluon", "config": "absent"}, rows) is None
+
+
+def test_offloaded_proxy_configs_are_set_against_their_recomputing_twin(tmp_path):
+    """A proxy config with `offload_blocks` is compared with the config of the same settings that recomputes
+    those blocks (and with no other), and the section says both steps and peaks."""
+    base = {"attention": "sdpa", "fused_elementwise": True, "keep_attention": True, "checkpoint_blocks": 8}
+    twin_ms, off_ms = random.uniform(1800.0, 1900.0), random.uniform(1700.0, 2100.0)
+    paths = [_point(tmp_path, "pytorch_parts", 6700.0, variant="pytorch_parts"), _point(tmp_path, "ours", 7400.0),
+             _proxy_point(tmp_path, "ckpt8", twin_ms, 82 * 2**30, **base),
+             _proxy_point(tmp_path, "ckpt8_off4", off_ms, 80 * 2**30, offload_blocks=4, **base),
+             _proxy_point(tmp_path, "ckpt2", 1500.0, 104 * 2**30, **{**base, "checkpoint_blocks": 2}),
+             _proxy_point(tmp_path, "ckpt2_off2", 1400.0, 100 * 2**30, offload_blocks=2,
+                          **{**base, "checkpoint_blocks": 2, "attention": "flash"})]  # no twin: not paired
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = leaderboard.build(paths, out, **GRID)
+    assert [(p["config"], p["twin"]) for p in ctx.proxy_offload] == [("ckpt8_off4", "ckpt8")]
+    pair = ctx.proxy_offload[0]
+    assert pair["ratio"] == pytest.approx(off_ms / twin_ms) and pair["peak_gib"] == pytest.approx(80.0)
+    text = _render(ctx, tmp_path)
+    assert f"4 of 8 offloaded {off_ms / 1e3:.3f} s against {twin_ms / 1e3:.3f} s recomputed" in text

@@ -86,6 +86,9 @@ class LeaderboardContext(SectionContext):
     """(25) The share of the peak that the step target asks for."""
     proxy_layers: list[int] | None = None
     """(25) The layer counts of the one-GPU proxy's results (not leaderboard results)."""
+    proxy_offload: list[dict] = field(default_factory=list)
+    """(25) Each proxy config that offloads blocks, beside its twin that recomputes them (the same settings,
+    `offload_blocks` 0): offloaded and checkpointed counts, both steps (s) and peaks (GiB), their ratio."""
     limitations: list[str] = field(default_factory=list)
     """(25) Lines for the report's limitations: what the step was timed on, against the leaderboard's B200s."""
     points: list[dict] | None = None
@@ -327,7 +330,32 @@ def _read_results(paths: list[Path], ctx: LeaderboardContext, out: Path) -> list
         ctx.proxy_layers = sorted({r["settings"]["num_layers"] for _, r in proxies})
         proxy = _proxy_table(proxies)  # the printed table names each config; its CSV also says what each runs
         ctx.tables["proxy"] = save_table(proxy.drop(columns="setup"), out, "proxy", digits=2, data=proxy)
+        ctx.proxy_offload = _offload_pairs(proxies)
     return results
+
+
+def _offload_pairs(proxies: list[tuple[str, dict]]) -> list[dict]:
+    """Proxy configs with `offload_blocks` against the config with the same settings that recomputes those
+    blocks instead, where both ran to completion."""
+    def key(settings: dict) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in settings.items() if k != "offload_blocks"))
+
+    plain = {key(r["settings"]): (name, r) for name, r in proxies
+             if r["status"] == "ok" and not r["settings"].get("offload_blocks")}
+    pairs = []
+    for name, r in proxies:
+        k = r["settings"].get("offload_blocks") or 0
+        twin = plain.get(key(r["settings"]))
+        if not k or r["status"] != "ok" or twin is None:
+            continue
+        m, t = r["metrics"], twin[1]["metrics"]
+        pairs.append({"config": name, "twin": twin[0], "offloaded": k,
+                      "checkpointed": r["settings"].get("checkpoint_blocks"),
+                      "step_s": m["median_ms"] / 1e3, "twin_step_s": t["median_ms"] / 1e3,
+                      "ratio": m["median_ms"] / t["median_ms"],
+                      "peak_gib": (m.get("peak_bytes") or 0) / GIB or None,
+                      "twin_peak_gib": (t.get("peak_bytes") or 0) / GIB or None})
+    return sorted(pairs, key=lambda p: (str(p["checkpointed"]), p["offloaded"]))
 
 
 def _in_job_order(results: list[tuple[str, str, dict]], jobs: dict) -> list[tuple[str, str, dict]]:
