@@ -157,7 +157,8 @@ def test_triton_forward_and_backward_replay_from_a_cuda_graph():
 
 @pytest.mark.parametrize("impl", ["triton", "sdpa"])
 def test_flash_point_times_cuda_graph_replays_on_gpu(impl):
-    from cs336sys.attention.bench_flash import run_baseline_point, run_triton_point
+    from cs336sys.attention.bench_flash import run_baseline_point
+    from cs336sys.attention.bench_flash_triton import run_triton_point
 
     run_point = run_triton_point if impl == "triton" else run_baseline_point
     metrics = run_experiment(run_point, **{"device": "cuda", "impl": impl, "seq": 1024, "d": 64, "dtype": "bf16"})

@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from conftest import random_qkv, reference_attention, rel_err, run_experiment
 
 from cs336sys import adapters
-from cs336sys.attention.bench import attended_pairs, run_pytorch_attention_point
-from cs336sys.attention.bench_flash import run_baseline_point, run_triton_point
+from cs336sys.attention.bench_common import attended_pairs
+from cs336sys.attention.bench_flash import run_baseline_point
+from cs336sys.attention.bench_flash_triton import run_triton_point
+from cs336sys.attention.bench_naive import run_pytorch_attention_point
 from cs336sys.attention.flash_pytorch import FlashAttention2PyTorch, flash_backward_recompute, flash_forward_pytorch
 from cs336sys.attention.naive import attention_logsumexp, naive_attention
 from cs336sys.jobs import Unsupported
@@ -134,7 +136,7 @@ def test_flash_point_on_cpu(impl):
 
 def test_each_family_of_the_flash_grid_refuses_the_others_impl():
     point = {"device": "cpu", "seq": 32, "d": 16, "dtype": "fp32"}
-    with pytest.raises(ValueError, match="run_triton_point"):
+    with pytest.raises(ValueError, match="bench_flash_triton"):
         run_experiment(run_baseline_point, impl="triton", **point)
     with pytest.raises(ValueError, match="run_baseline_point"):
         run_experiment(run_triton_point, impl="naive", **point)

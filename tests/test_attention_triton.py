@@ -27,7 +27,7 @@ from conftest import (  # noqa: E402
 )
 
 from cs336sys.attention.bench import run_leaderboard_point  # noqa: E402
-from cs336sys.attention.bench_flash import run_triton_point  # noqa: E402
+from cs336sys.attention.bench_flash_triton import run_triton_point  # noqa: E402
 from cs336sys.attention.flash_configs import BackwardConfig, Tiles  # noqa: E402
 from cs336sys.attention.flash_triton import (  # noqa: E402
     FlashAttention2Triton,

@@ -61,6 +61,11 @@ class Run:
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
 
+    def require_ranks(self, what: str) -> None:
+        """`Unsupported` on fewer than 2 ranks: `what` ("a sharding experiment") needs a process group."""
+        if self.world_size < 2:
+            raise Unsupported(f"{what} needs at least 2 ranks (register the job with ranks >= 2)")
+
 
 @dataclass
 class Outcome:

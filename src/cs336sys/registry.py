@@ -89,8 +89,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("memory_snapshot", "cs336sys.profiling.experiments_memory:run_memory_snapshot", "memory"),
     Experiment("saved_tensors", "cs336sys.profiling.experiments_memory:run_saved_tensors", "memory"),
     Experiment("checkpointing", "cs336sys.profiling.experiments_checkpointing:run_checkpointing", "memory"),
-    Experiment("pytorch_attention", "cs336sys.attention.bench:run_pytorch_attention_point", "attention"),
-    Experiment("flash_benchmarking", "cs336sys.attention.bench_flash:run_triton_point", "attention",
+    Experiment("pytorch_attention", "cs336sys.attention.bench_naive:run_pytorch_attention_point", "attention"),
+    Experiment("flash_benchmarking", "cs336sys.attention.bench_flash_triton:run_triton_point", "attention",
                by_impl=tuple((impl, "cs336sys.attention.bench_flash:run_baseline_point")
                              for impl in ("naive", "naive_compiled", "sdpa"))),
     Experiment("flash_leaderboard", "cs336sys.attention.bench:run_leaderboard_point", "attention"),

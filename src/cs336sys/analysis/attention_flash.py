@@ -171,7 +171,7 @@ def feasibility(df: pd.DataFrame, ceiling_tflops: float) -> list[dict]:
 
 
 def tflops_tables(ok: pd.DataFrame, out: Path) -> dict:
-    """Achieved TFLOP/s (attended pairs only, see cs336sys.attention.bench) of forward+backward."""
+    """Achieved TFLOP/s (attended pairs only, see cs336sys.attention.bench_common) of forward+backward."""
     tables = {}
     for dtype, g in ok.groupby("dtype"):
         wide = g.pivot_table(index=["d", "seq"], columns="impl", values="fwd_bwd_tflops").reset_index()

@@ -1,12 +1,12 @@
 """Problem 11's grid (registry: flash_benchmarking): forward, backward and forward+backward of one
-implementation at one (seq, d, dtype), each family through its own experiment function, so that a job
-reaches only its own code (its `code` hash, cs336sys.codehash) and an edit of the Triton kernels re-runs
-only the Triton jobs:
+implementation at one (seq, d, dtype), each family through its own experiment function in its own module,
+so that a job reaches only its own code (its `code` hash, cs336sys.codehash) and an edit of the Triton
+kernels re-runs only the Triton jobs:
 
-    run_triton_point     ours: triton, triton_ieee (float32 products in IEEE float32, not TF32)
-    run_baseline_point   naive, naive_compiled (torch.compile), sdpa
+    run_baseline_point   here: naive, naive_compiled (torch.compile), sdpa
+    run_triton_point     cs336sys.attention.bench_flash_triton: ours, triton and triton_ieee
 
-Timing (do_bench medians on CUDA), FLOP counts and the SDPA backends are cs336sys.attention.bench's.
+Timing (do_bench medians on CUDA), FLOP counts and the SDPA backends are cs336sys.attention.bench_common's.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336sys.attention.bench import (
-    _check_triton_runs_here,
+from cs336sys.attention.bench_common import (
     _random_qkv,
     _retainable_graphs,
     attention_flops,
@@ -29,7 +28,7 @@ from cs336sys.attention.bench import (
 )
 from cs336sys.attention.naive import naive_attention
 from cs336sys.dtypes import torch_dtype
-from cs336sys.jobs import Run, Unsupported
+from cs336sys.jobs import Run
 
 TRITON_IMPLS = ("triton", "triton_ieee")
 BASELINE_IMPLS = ("naive", "naive_compiled", "sdpa")
@@ -59,29 +58,12 @@ class FlashSettings:
     """Device kind: cuda | cpu (the grid's `device`); the job runner picks this rank's GPU."""
 
 
-def run_triton_point(settings: FlashSettings, run: Run) -> dict:
-    """One point of ours (impl triton | triton_ieee), also timed as CUDA-graph replays on CUDA."""
-    if settings.impl not in TRITON_IMPLS:
-        raise ValueError(f"impl {settings.impl!r} is not ours ({' | '.join(TRITON_IMPLS)}): run_baseline_point")
-    from cs336sys.attention.flash_triton import FlashAttention2Triton
-
-    device, dtype = torch.device(run.device), torch_dtype(settings.dtype)
-    q, k, v = _inputs(settings, device)
-    attend = FlashAttention2Triton.apply
-    if settings.impl == "triton_ieee":  # float32 products in full IEEE float32, not TF32
-        if q.dtype != torch.float32:
-            raise Unsupported(f"triton_ieee sets how float32 products run; {q.dtype} inputs do not have any")
-        attend = lambda q, k, v, is_causal: FlashAttention2Triton.apply(q, k, v, is_causal, "ieee")  # noqa: E731
-    _check_triton_runs_here(device, dtype)
-    return _measure(attend, {}, q, k, v, settings, graphed=True)
-
-
 def run_baseline_point(settings: FlashSettings, run: Run) -> dict:
     """One point of a baseline (impl naive | naive_compiled | sdpa); on CUDA SDPA is also timed as
     CUDA-graph replays, and `sdpa_backend` pins its backend (else the first that runs, in PyTorch's
     order, recorded in the metrics)."""
     if settings.impl not in BASELINE_IMPLS:
-        raise ValueError(f"impl {settings.impl!r} is no baseline ({' | '.join(BASELINE_IMPLS)}): run_triton_point")
+        raise ValueError(f"impl {settings.impl!r} is no baseline ({' | '.join(BASELINE_IMPLS)}): bench_flash_triton")
     device = torch.device(run.device)
     q, k, v = _inputs(settings, device)
     extra = {}

@@ -19,11 +19,11 @@ import torch
 
 from cs336sys.attention.bench import (
     LeaderboardSettings,
-    _random_qkv,
     _require_gpu_model,
     measure_leaderboard_point,
     run_leaderboard_point,
 )
+from cs336sys.attention.bench_common import _random_qkv
 from cs336sys.dtypes import torch_dtype
 from cs336sys.jobs import Run, Unsupported
 

@@ -23,7 +23,7 @@ from cs336sys.jobs import Run
 
 @dataclass(frozen=True)
 class LeaderboardRoundsSettings:
-    """A leaderboard point of a job in rounds: `bench.LeaderboardSettings`'s fields and the point's round."""
+    """A leaderboard point of a job in rounds: `bench.LeaderboardSettings`'s fields and its round."""
 
     impl: str
     """ours | sdpa_<backend> (flash, cudnn, efficient, math) | naive | gluon | gluon_bwd (bench_gluon's)."""

@@ -9,41 +9,92 @@ So each experiment rule carries, as a parameter, a hash of what its experiment's
   prefixes, `1_000`), f-strings as their source text, and a trailing comma that changes nothing
   dropped. Tokens, not `ast.dump`, whose text changes between Python versions: the same code hashes
   the same under 3.11 and 3.12. Editing documentation or layout therefore stales nothing.
-- **Which statements** are those the entry points can reach. A module that is imported runs its
-  top-level statements, so those that may act (calls, `if`, `try`, loops, imports of other packages)
-  always count; a function, class, constant or package-internal import counts when something that
-  counts names it (by a plain name, or `module.name` through an imported package module). A class
-  counts whole; a package module used other than as `module.name` counts whole; the modules whose
-  statements count are those imported by the statements that count (lazy imports inside a
-  function only when that function counts), and a name such an import binds inside a function is
-  followed into its module as a top-level import's is. Everything else, an unrelated function in the
-  same file included, can change without staling anything.
+- **Which modules** are those an entry's module imports, anywhere in it (inside functions too), and
+  what those import, and so on, with the packages above each (importing `a.b` runs `a/__init__.py`).
+  A module counts whole: editing any definition in it stales every experiment that imports it.
+- **Order:** per module, the statements that may act at import (calls, `if`, imports of other packages,
+  decorated definitions) in their order, the others (definitions, constants, imports of the standard
+  library or of ours) in any order: moving a definition within its file changes nothing.
 
-An entry is a module (everything it holds counts, its `if __name__ == "__main__":` block too: it is
-the program) or `module:function`. `code_hash(*entries)` is 16 hex digits; `manifest(*entries)`
-lists each counted statement with its own hash, which cs336sys.why compares with an earlier commit's to
-name what changed (`python -m cs336sys.codehash why`, the command line in __main__).
+An entry is a module or `module:function` (its module, checked to define the function).
+`code_hash(*entries)` is 16 hex digits; `manifest(*entries)` lists each statement with its own hash,
+which cs336sys.why compares with an earlier commit's to name what changed (`python -m cs336sys.codehash
+why`, the command line in __main__).
 
-This module is what callers use; beneath it, each importing only those after it: `reachable` (the walk from
-an entry through what counts), `statements` (a module's top-level statements: what each binds, names and does
-at import) and `tokens` (what a statement's hash is made of). Hashes are kept within a process only: hashing
-every rule of the workflow costs about 1.5 CPU seconds a parse (measured, notes/runs/2026-11-28-rerun-rules),
-which a cache between processes saved only while no source had changed.
+This module is what callers use; beneath it `statements` (a module's top-level statements and its imports)
+and `tokens` (what a statement's hash is made of). Hashes are kept within a process only: hashing every rule
+of the workflow costs about a CPU second a parse (measured, notes/runs/2026-11-28-rerun-rules).
 """
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from pathlib import Path
 
-from cs336sys.codehash.reachable import Tree
-from cs336sys.codehash.statements import Module
+from cs336sys.codehash.statements import Module, _ours, _parse
 
 __all__ = ["RUNNER", "SRC", "Manifest", "Module", "Tree", "changes", "clear_cache",
            "closure", "code_hash", "describe", "diff", "manifest", "tree"]
 
 SRC = Path(__file__).resolve().parents[2]  # .../src
 RUNNER = "cs336sys.run"  # every experiment job runs its function through it: an experiment's entries are both
+
+
+class Tree:
+    """The package sources under `root` (a checkout's src/, or an old commit's, for `why`)."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self._modules: dict[str, Module] = {}
+        self._paths: dict[str, Path | None] = {}
+
+    def path(self, module: str) -> Path | None:
+        if module not in self._paths:
+            base = self.root.joinpath(*module.split("."))
+            found = [c for c in (base.with_suffix(".py"), base / "__init__.py") if c.is_file()]
+            self._paths[module] = found[0] if found else None
+        return self._paths[module]
+
+    def module(self, name: str) -> Module:
+        if name not in self._modules:
+            path = self.path(name)
+            if path is None:
+                raise ValueError(f"no source for module {name!r} under {self.root}")
+            self._modules[name] = _parse(path, name, path.read_text())
+        return self._modules[name]
+
+    def modules(self, *entries: str) -> list[str]:
+        """The package modules that running `entries` imports, with the packages above each."""
+        todo = []
+        for entry in entries:
+            module, _, function = entry.partition(":")
+            labels = {s.label for s in self.module(module).statements}
+            if function and not {f"def {function}", f"class {function}", f"{function} = …"} & labels:
+                raise ValueError(f"module {module!r} defines no {function!r}")
+            todo.append(module)
+        found: set[str] = set()
+        while todo:
+            name = todo.pop()
+            parts = name.split(".")
+            for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+                if m not in found and _ours(m) and self.path(m) is not None:
+                    found.add(m)
+                    todo += sorted(self.module(m).imports)
+        return sorted(found)
+
+    def manifest(self, *entries: str) -> dict[str, list[tuple[str, str]]]:
+        """module -> [(statement label, its hash)], in source order."""
+        return {m: [(s.label, s.digest) for s in self.module(m).statements] for m in self.modules(*entries)}
+
+    def code_hash(self, *entries: str) -> str:
+        h = hashlib.sha256()
+        for m in self.modules(*entries):
+            statements = self.module(m).statements
+            acting = [s.digest for s in statements if s.always]
+            others = sorted(s.digest for s in statements if not s.always)
+            h.update(m.encode() + b"\0" + "\0".join(acting).encode() + b"\1" + "\0".join(others).encode())
+        return h.hexdigest()[:16]
 
 
 @cache

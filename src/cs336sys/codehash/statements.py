@@ -1,5 +1,5 @@
-"""A module's top-level statements as the reachability walk sees them: what each binds, what it names,
-whether it acts when the module is imported, and the hash of its tokens."""
+"""A module's top-level statements (each one's label, the hash of its tokens, whether it acts at import) and
+the package modules it imports, anywhere in it."""
 
 from __future__ import annotations
 
@@ -13,52 +13,22 @@ from cs336sys.codehash.tokens import _tokens
 
 PACKAGE = "cs336sys"
 
-# Names whose use in counted code means "look anything up by name at run time": their module counts whole.
-_DYNAMIC = {"globals", "vars", "locals", "eval", "exec", "__import__"}
-
-
 @dataclass
 class Statement:
-    """One top-level statement: what it binds, what it names, and its tokens' hash."""
+    """One top-level statement: its label (for `why`), its tokens' hash, whether it may act at import."""
 
-    index: int
-    label: str  # "def name", "class name", "x = …", "import …", "if …" (for `why`)
+    label: str  # "def name", "class name", "x = …", "from m import x", "if …"
     digest: str
-    binds: set[str] = field(default_factory=set)
-    names: set[str] = field(default_factory=set)  # names it uses other than as `name.attr`
-    chains: set[tuple[str, tuple[str, ...]]] = field(default_factory=set)  # name.attr.attr... it uses
-    star: set[str] = field(default_factory=set)  # modules it imports `*` from
-    imports: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # bound name -> (module, attr)
-    lazy_imports: set[str] = field(default_factory=set)  # package modules imported anywhere inside it
-    local_imports: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)  # bound inside it: each
-    always: bool = False  # runs and may act when the module is imported
-    dynamic: bool = False  # looks names up at run time (globals(), eval, ...)
-    main_guard: bool = False
-    constant: str | None = None  # a name bound to a value of literals alone: the value's digest
-
-    def bind(self, top: bool, name: str, module: str, attr: str | None) -> None:
-        """An import of ours binds `name` to `module` (or `module.attr`): at the top of the module, or
-        inside this statement's body (a function may import one name in several branches)."""
-        if top:
-            self.imports[name] = (module, attr)
-        else:
-            self.local_imports.setdefault(name, set()).add((module, attr))
+    always: bool = False  # may do more at import than bind names: its place in the module counts
 
 
 @dataclass
 class Module:
+    """A module's top-level statements, and the package modules it imports anywhere (functions included)."""
+
     name: str
     statements: list[Statement]
-
-    def binding(self, name: str) -> list[Statement]:
-        return [s for s in self.statements if name in s.binds and not s.main_guard]
-
-
-def _is_main_guard(node: ast.AST) -> bool:
-    t = node.test if isinstance(node, ast.If) else None
-    return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__"
-            and len(t.comparators) == 1 and isinstance(t.comparators[0], ast.Constant)
-            and t.comparators[0].value == "__main__")
+    imports: set[str] = field(default_factory=set)
 
 
 def _docstring_spans(tree: ast.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -79,27 +49,6 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 def _ours(module: str) -> bool:
     return module == PACKAGE or module.startswith(PACKAGE + ".")
-
-
-def _bound_names(node: ast.AST) -> set[str]:
-    """Names a statement binds at its own level (not inside the functions or classes it defines)."""
-    found: set[str] = set()
-
-    def visit(n: ast.AST) -> None:
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.add(n.name)  # what it holds binds its own names, not the module's
-            return
-        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            found.add(n.id)
-        elif isinstance(n, (ast.Import, ast.ImportFrom)):
-            found.update(a.asname or a.name.split(".")[0] for a in n.names if a.name != "*")
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            found.add(n.name)
-        for child in ast.iter_child_nodes(n):
-            visit(child)
-
-    visit(node)
-    return found
 
 
 # Decorators that only wrap or describe what they decorate: a definition under only these acts at
@@ -138,66 +87,6 @@ def _may_act(node: ast.stmt) -> bool:
     return True
 
 
-_PURE = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.operator, ast.unaryop, ast.Load)
-
-
-def _constant_digest(node: ast.stmt) -> str | None:
-    """`NAME = <literals and arithmetic>` (`MIB = 2**20`, `LOG2E = 1.44…`): the digest of its value, so
-    that where it is written, and how (`2**20` or `1 << 20`), is not what counts; None otherwise."""
-    if isinstance(node, ast.Assign) and len(node.targets) == 1:
-        target, value = node.targets[0], node.value
-    elif isinstance(node, ast.AnnAssign) and node.value is not None:
-        target, value = node.target, node.value
-    else:
-        return None
-    if not isinstance(target, ast.Name) or not all(isinstance(n, _PURE) for n in ast.walk(value)):
-        return None
-    try:
-        result = eval(compile(ast.Expression(value), "<constant>", "eval"), {"__builtins__": {}})  # literals only
-    except Exception:  # noqa: BLE001 - an expression that raises is left to the tokens
-        return None
-    return _digest([f"constant {type(result).__name__} {result!r}"])
-
-
-def _statement(module: str, is_package: bool, index: int, node: ast.stmt, digest: str) -> Statement:
-    s = Statement(index, _label(node), digest, binds=_bound_names(node), always=_may_act(node),
-                  main_guard=_is_main_guard(node), constant=_constant_digest(node))
-    attribute_bases = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name):
-            if n.id in _DYNAMIC:
-                s.dynamic = True
-            if id(n) not in attribute_bases:
-                s.names.add(n.id)
-        elif isinstance(n, ast.Attribute) and id(n) not in attribute_bases:  # the outermost of a chain
-            chain, base = [], n
-            while isinstance(base, ast.Attribute):
-                chain.append(base.attr)
-                base = base.value
-            if isinstance(base, ast.Name):
-                s.chains.add((base.id, tuple(reversed(chain))))
-            # any other base (a call's result, a subscript) holds its own names, walked on their own
-        elif isinstance(n, ast.Import):
-            for a in n.names:
-                if _ours(a.name):  # `import a.b` binds `a` (the chain walks down); `as c`: a.b
-                    s.lazy_imports.add(a.name)
-                    s.bind(n is node, a.asname or a.name.split(".")[0],
-                           a.name if a.asname else a.name.split(".")[0], None)
-        elif isinstance(n, ast.ImportFrom):
-            target = _absolute(module, is_package, n)
-            if not _ours(target):
-                continue
-            s.lazy_imports.add(target)
-            for a in n.names:
-                if a.name == "*":
-                    s.dynamic = True
-                    s.star.add(target)
-                    continue
-                s.lazy_imports.add(f"{target}.{a.name}")
-                s.bind(n is node, a.asname or a.name, target, a.name)
-    return s
-
-
 def _label(node: ast.stmt) -> str:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return f"def {node.name}"
@@ -208,6 +97,21 @@ def _label(node: ast.stmt) -> str:
         return " = ".join(ast.unparse(t) for t in targets) + " = …"
     text = ast.unparse(node).splitlines()[0]
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _imports(module: str, is_package: bool, tree: ast.AST) -> set[str]:
+    """The package modules an import anywhere in `tree` names: `from m import x` names m, and m.x (kept
+    only where m.x is a module: the caller checks)."""
+    found: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            found.update(a.name for a in n.names if _ours(a.name))
+        elif isinstance(n, ast.ImportFrom):
+            target = _absolute(module, is_package, n)
+            if _ours(target):
+                found.add(target)
+                found.update(f"{target}.{a.name}" for a in n.names if a.name != "*")
+    return found
 
 
 def _parse(path: Path, module: str, text: str) -> Module:
@@ -232,10 +136,7 @@ def _parse(path: Path, module: str, text: str) -> Module:
         kept.append((line, col, text_))
     is_package = path.name == "__init__.py"
     statements = []
-    starts = []
-    for node in tree.body:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        starts.append((first, 0))
+    starts = [(min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]), 0) for node in tree.body]
     bounds = starts[1:] + [(10**9, 0)]
     i = 0
     for index, node in enumerate(tree.body):
@@ -253,16 +154,15 @@ def _parse(path: Path, module: str, text: str) -> Module:
                 and isinstance(node.value.value, str):
             continue  # the module docstring
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not _is_future(node):
-            statements.extend(_import_statements(module, is_package, len(statements), node))
+            statements.extend(_import_statements(module, is_package, node))
             continue
-        digest = _digest(parts)
-        statements.append(_statement(module, is_package, len(statements), node, digest))
+        statements.append(Statement(_label(node), _digest(parts), always=_may_act(node)))
     seen: dict[str, int] = {}
     for s in statements:  # labels name statements in `why`: the second `def _` is `def _ (2)`
         seen[s.label] = seen.get(s.label, 0) + 1
         if seen[s.label] > 1:
             s.label = f"{s.label} ({seen[s.label]})"
-    return Module(module, statements)
+    return Module(module, statements, _imports(module, is_package, tree))
 
 
 def _digest(parts: list[str]) -> str:
@@ -273,23 +173,15 @@ def _is_future(node: ast.stmt) -> bool:
     return isinstance(node, ast.ImportFrom) and node.module == "__future__"
 
 
-def _import_statements(module: str, is_package: bool, start: int, node: ast.Import | ast.ImportFrom):
-    """A top-level import as one statement per name it binds, each written absolutely, so that an
-    import of a name nothing uses, or the order or grouping of names, changes nothing. Importing a
-    module of the standard library only binds a name; any other package's import may act (it runs
-    that package's code), so it always counts."""
+def _import_statements(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> list[Statement]:
+    """A top-level import as one statement per name it binds, each written absolutely, so that the order or
+    grouping of names changes nothing. Importing a module of the standard library or of this package only
+    binds a name; any other package's import may act (it runs that package's code), so its place counts."""
     if isinstance(node, ast.Import):
-        pieces = [(f"import {a.name}" + (f" as {a.asname}" if a.asname else ""), a.name, ast.Import(names=[a]))
-                  for a in node.names]
+        pieces = [(f"import {a.name}" + (f" as {a.asname}" if a.asname else ""), a.name) for a in node.names]
     else:
         target = _absolute(module, is_package, node)
-        pieces = [(f"from {target} import {a.name}" + (f" as {a.asname}" if a.asname else ""), target,
-                   ast.ImportFrom(module=target, names=[a], level=0)) for a in node.names]
-    out = []
-    for i, (text, target, piece) in enumerate(pieces):
-        s = _statement(module, is_package, start + i, piece, _digest([text]))
-        s.label = text
-        top = target.split(".")[0]
-        s.always = not _ours(target) and top not in sys.stdlib_module_names
-        out.append(s)
-    return out
+        pieces = [(f"from {target} import {a.name}" + (f" as {a.asname}" if a.asname else ""), target)
+                  for a in node.names]
+    return [Statement(text, _digest([text]), always=not _ours(target) and target.split(".")[0]
+                      not in sys.stdlib_module_names) for text, target in pieces]

@@ -36,11 +36,6 @@ VIEW_VARIANTS = ("bucket_view",)  # cs336sys.distributed.ddp_views
 TORCH_DDP_DEFAULT_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb default
 
 
-def _require_group(run: Run) -> None:
-    if run.world_size < 2:
-        raise Unsupported("a distributed experiment needs at least 2 ranks (register the job with ranks >= 2)")
-
-
 # --- all-reduce -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -67,7 +62,7 @@ def nvlink_nominal_gbps() -> float | None:
 
 
 def run_allreduce_point(settings: AllReduceSettings, run: Run) -> dict:
-    _require_group(run)
+    run.require_ranks("a distributed experiment")
     times = max_across_ranks(time_all_reduce(settings.size_bytes, warmup=settings.warmup, iters=settings.iters,
                                              device=run.device), device=run.device)
     ms = [t * 1e3 for t in times]
@@ -163,7 +158,7 @@ def run_ddp_step_point(settings: DDPStepSettings, run: Run) -> dict:
     if settings.single_rank_proxy:
         with one_rank_group(run):
             return {**_ddp_step(settings, run), "backend": dist.get_backend()}
-    _require_group(run)
+    run.require_ranks("a distributed experiment")
     return _ddp_step(settings, run)
 
 
@@ -249,7 +244,7 @@ def run_ddp_trace_point(settings: DDPTraceSettings, run: Run) -> dict:
     from cs336sys.profiling.timeline import save_summary, summarize_timeline
     from cs336sys.profiling.trace import record_trace
 
-    _require_group(run)
+    run.require_ranks("a distributed experiment")
     step = build_ddp_step(DDPStepSettings(size=settings.size, variant=settings.variant,
                                           bucket_size_mb=settings.bucket_size_mb,
                                           context_length=settings.context_length, batch_size=settings.batch_size,

@@ -38,11 +38,6 @@ SHARDING_VARIANTS = ("unsharded", "sharded", "zero")
 FSDP_VARIANTS = ("ours", "fsdp2")
 
 
-def _require_group(run: Run) -> None:
-    if run.world_size < 2:
-        raise Unsupported("a sharding experiment needs at least 2 ranks (register the job with ranks >= 2)")
-
-
 def tensor_bytes(tensors) -> int:
     seen, total = set(), 0
     for t in tensors:
@@ -145,7 +140,7 @@ def run_sharding_memory_point(settings: ShardingSettings, run: Run) -> dict:
     """Every variant averages gradients with our overlapped DDP (in place: no bucket buffers to
     count) and runs our AdamW, sharded or not. Memory at the three points the handout names, first
     on the first step (when the optimizer state is created), then the step time in steady state."""
-    _require_group(run)
+    run.require_ranks("a sharding experiment")
     memory = _Memory(run.device)
     memory.reset_peak()
     spec = StepSpec(size=settings.size, context_length=settings.context_length, batch_size=settings.batch_size,
@@ -242,7 +237,7 @@ def run_fsdp_step_point(settings: FSDPSettings, run: Run) -> dict:
     """Step time; memory after init (the shards), peak over the timed steps; the bytes this rank
     holds in sharded and replicated parameters, their gradients and the optimizer state."""
     if not settings.single_rank_proxy:
-        _require_group(run)
+        run.require_ranks("a sharding experiment")
     elif run.world_size != 1 or settings.variant != "ours":
         raise Unsupported("the single-rank proxy is our FSDP on one rank (register the job with 1 GPU)")
     memory = _Memory(run.device)
@@ -287,7 +282,7 @@ def run_fsdp_trace_point(settings: FSDPTraceSettings, run: Run) -> dict:
     from cs336sys.profiling.timeline import save_summary, summarize_timeline
     from cs336sys.profiling.trace import record_trace
 
-    _require_group(run)
+    run.require_ranks("a sharding experiment")
     step = build_fsdp_step(FSDPSettings(size=settings.size, variant=settings.variant,
                                         compute_dtype=settings.compute_dtype, context_length=settings.context_length,
                                         batch_size=settings.batch_size, device=settings.device), run)
