@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys import codehash, registry
-from cs336sys.codehash import reachable
+from cs336sys.codehash import statements
 
 RUNNER = "cs336sys.run"
 
@@ -35,7 +35,7 @@ def experiment_hashes(reuse: bool = True) -> dict[str, str]:
 
 
 _PARSED: dict[tuple[str, bool, str], codehash.Module] = {}
-_parse = reachable._parse
+_parse = statements._parse
 
 
 def _parse_once(path: Path, module: str, text: str) -> codehash.Module:
@@ -52,7 +52,7 @@ def src_copy(tmp_path, monkeypatch):
     """A private copy of the package sources for hashing, so tests can edit them."""
     shutil.copytree(codehash.SRC / "cs336sys", tmp_path / "cs336sys")
     monkeypatch.setattr(codehash, "SRC", tmp_path)
-    monkeypatch.setattr(reachable, "_parse", _parse_once)
+    monkeypatch.setattr(codehash, "_parse", _parse_once)
     codehash.clear_cache()
     yield tmp_path / "cs336sys"
     codehash.clear_cache()
@@ -124,8 +124,9 @@ def test_a_field_docstring_stales_nothing_but_a_default_string_does(src_copy):
     in_class = r'class AllReduceSettings:\n(?:    .*\n)*?    device: str = "cuda"\n'
     device = re.search(in_class, (src_copy / path).read_text())
     assert device
+    # the module holds the all-reduce and DDP experiments: an edit of it re-runs all three
     assert changed_after(src_copy, path, device.group(0), device.group(0).replace('"cuda"', '"cpu"')) == {
-        "allreduce"}
+        "allreduce", "ddp_step", "ddp_trace"}
 
 
 def test_a_call_rewrapped_over_lines_with_a_trailing_comma_is_the_same_code(src_copy):
@@ -143,30 +144,29 @@ def test_a_call_rewrapped_over_lines_with_a_trailing_comma_is_the_same_code(src_
     assert experiment_hashes() == before
 
 
-def test_an_unrelated_function_in_the_same_file_stales_nothing(src_copy):
-    # flash_triton_forward.py holds the kernels the flash experiments run; a new helper nobody calls
-    # changes no point
-    before = experiment_hashes()
+# --- what always stales exactly the dependent jobs --------------------------------------------------
+
+
+def importers(module: str) -> set[str]:
+    """The experiments whose code hash covers `module` (it is in their import closure)."""
+    return {name for name, e in registry.EXPERIMENTS.items() if module in codehash.closure(e.function, RUNNER)}
+
+
+def test_any_code_edit_of_a_module_stales_exactly_the_experiments_that_import_it(src_copy):
+    # the rule is the module: a helper nobody calls, a constant nothing reads, an import of the standard
+    # library nobody uses all count for every experiment that imports the module, and for no other
+    flash = importers("cs336sys.attention.flash_triton_forward")
+    assert FLASH <= flash and not flash & {"benchmarking", "matmul_peak", "pytorch_attention", "allreduce"}
     with open(src_copy / "attention" / "flash_triton_forward.py", "a") as f:
         f.write("\n\ndef unused_helper(x):\n    return x * 2\n")
-    with open(src_copy / "model.py", "a") as f:  # and a constant nothing reads
-        f.write("\nUNUSED_CONSTANT = 3\n")
-    assert experiment_hashes() == before
-
-
-def test_an_unused_name_dropped_from_an_import_stales_nothing(src_copy):
-    text = (src_copy / "results.py").read_text()
-    assert "import json\n" in text
+    unused_constant = changed_after(src_copy, "model.py", "\nclass ", "\nUNUSED_CONSTANT = 3\n\n\nclass ")
+    assert unused_constant == importers("cs336sys.model")
     before = experiment_hashes()
-    # a standard-library import only binds a name: one nothing uses can be added (or go)
-    (src_copy / "results.py").write_text(text.replace("import json\n", "import fractions\nimport json\n"))
-    assert experiment_hashes() == before
-    # but the runner is the program: everything in it runs
-    edit(src_copy / "run.py", "import tempfile\n", "import tempfile\nimport fractions\n")
-    assert experiment_hashes() != before
-
-
-# --- what always stales exactly the dependent jobs --------------------------------------------------
+    edit(src_copy / "attention" / "flash_triton_forward.py", "def unused_helper(x):", "def unused_helper(y):")
+    edit(src_copy / "attention" / "flash_triton_forward.py", "return x * 2", "return y * 2")
+    assert {n for n, h in experiment_hashes().items() if h != before[n]} == flash
+    assert changed_after(src_copy, "results.py", "import json\n", "import fractions\nimport json\n") == set(
+        registry.EXPERIMENTS)  # every experiment writes its result through it
 
 FLASH = {"flash_benchmarking", "flash_leaderboard"}
 
@@ -195,9 +195,9 @@ def test_a_default_argument_edit_stales_its_users(src_copy):
     text = (src_copy / "precision.py").read_text()
     default = re.search(r'def accumulate\([^)]*device: str = "cpu"', text)
     assert default
-    # `accumulate` is what the accumulation experiment runs; the autocast one does not call it
+    # `accumulate` is what the accumulation experiment runs; the autocast one, in the same module, re-runs too
     assert changed_after(src_copy, "precision.py", 'device: str = "cpu"', 'device: str = "meta"') == {
-        "mixed_precision_accumulation"}
+        "mixed_precision_accumulation", "autocast_dtypes"}
 
 
 def test_a_constant_edit_stales_the_experiments_that_read_it(src_copy):
@@ -251,20 +251,6 @@ def test_a_statement_that_acts_at_import_counts_for_every_importer(src_copy):
     # a call at module level (it may set global state) in a module the benchmark imports
     changed = changed_after(src_copy, "model.py", "\nclass ", "\ntorch.manual_seed(0)\n\n\nclass ")
     assert {"benchmarking", "warmup"} <= changed and "matmul_peak" not in changed
-
-
-def test_globals_lookup_makes_the_whole_module_count(src_copy):
-    before = experiment_hashes()
-    with open(src_copy / "peak.py", "a") as f:
-        f.write("\n\ndef _by_name(name):\n    return globals()[name]\n")
-    edit(src_copy / "peak.py", "def run_point(", "def run_point_impl(")
-    with open(src_copy / "peak.py", "a") as f:
-        f.write("\n\ndef run_point(settings, run):\n    return _by_name('run_point_impl')(settings, run)\n")
-    mid = experiment_hashes()
-    assert mid["matmul_peak"] != before["matmul_peak"]
-    with open(src_copy / "peak.py", "a") as f:  # then any function in it counts
-        f.write("\n\ndef another(x):\n    return x\n")
-    assert experiment_hashes()["matmul_peak"] != mid["matmul_peak"]
 
 
 # --- the rule's own properties ------------------------------------------------------------------
@@ -388,46 +374,30 @@ def test_why_names_the_changed_statement(src_copy):
 
 @pytest.mark.slow(seconds=35)
 def test_committed_records_hold_the_hash_of_the_code_their_results_name():
-    """Each committed experiment record holds the current rule's hash of the sources at the commit its
-    result names (`env.git_commit`): the migration between rules recomputed them so, and a job is up to
-    date exactly when the rule sees no change since then (or a pin vouches for it)."""
+    """Each committed experiment result is up to date by its code or held by a pin: a record that is not
+    pinned holds the current rule's hash of the sources at the commit its result names (`env.git_commit`),
+    which is today's; a pinned one holds the hash its pin names for it."""
     from cs336sys import pins, provenance
 
     if provenance.git("rev-parse", "--is-shallow-repository", cwd=codehash.SRC.parent) != "false":
         pytest.skip("needs the project's git history (a full clone) to rebuild old sources")
     checked, by_commit = 0, {}
-    pinned = {rule for p in pins.load(codehash.SRC.parent / "workflow" / "pins.yaml") for rule in p.rules}
+    pinned = {rule: p for p in pins.load(codehash.SRC.parent / "workflow" / "pins.yaml") for rule in p.rules}
     for output, rec in provenance.records(codehash.SRC.parent / ".snakemake" / "metadata"):
         function = provenance.function_param(rec)
         commit = provenance.results_commit(str(codehash.SRC.parent / output))
         if not function or not commit:
             continue
-        src = provenance.sources_at(commit, repo=codehash.SRC.parent)
-        assert src is not None, f"{output}: its commit {commit} is not in the history"
-        tree = by_commit.setdefault(commit, codehash.Tree(src))
-        made = tree.code_hash(function, RUNNER)
-        assert provenance.code_param(rec) == made, output
-        now = codehash.code_hash(function, RUNNER)
-        assert made == now or rec["rule"] in pinned, f"{output}: stale and not pinned"
+        if rec["rule"] in pinned:
+            assert provenance.code_param(rec) == pinned[rec["rule"]].rules[rec["rule"]], output
+        else:
+            src = provenance.sources_at(commit, repo=codehash.SRC.parent)
+            assert src is not None, f"{output}: its commit {commit} is not in the history"
+            tree = by_commit.setdefault(commit, codehash.Tree(src))
+            assert provenance.code_param(rec) == tree.code_hash(function, RUNNER) == codehash.code_hash(
+                function, RUNNER), f"{output}: stale and not pinned"
         checked += 1
     assert checked > 500
-
-
-def test_a_constant_moved_to_another_module_and_imported_stales_nothing(src_copy):
-    forward = src_copy / "attention" / "flash_triton_forward.py"
-    text = forward.read_text()
-    assert "\nLOG2E = 1.4426950408889634\n" in text
-    before = experiment_hashes()
-    # defined once, in a module of units; the kernels import it; written another way
-    (src_copy / "some_units.py").write_text('"""Units."""\n\nLOG2E = 1.4426950408889634  # log2(e)\nMIB = 1 << 20\n')
-    forward.write_text(text.replace("\nLOG2E = 1.4426950408889634\n", "\n")
-                       .replace("\nimport triton\n", "\nimport triton\n\nfrom cs336sys.some_units import LOG2E\n", 1))
-    assert "from cs336sys.some_units import LOG2E" in forward.read_text()  # the backward imports it from there
-    assert experiment_hashes() == before
-    # but its value counts wherever it is
-    edit(src_copy / "some_units.py", "LOG2E = 1.4426950408889634", "LOG2E = 1.4426950408889")
-    changed = {n for n, h in experiment_hashes().items() if h != before[n]}
-    assert FLASH <= changed and "matmul_peak" not in changed
 
 
 def test_definitions_reordered_within_a_file_stale_nothing(src_copy):

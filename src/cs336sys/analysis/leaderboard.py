@@ -36,6 +36,7 @@ from cs336sys.analysis.leaderboard_judgement import (
     verdict_of,
 )
 from cs336sys.analysis.leaderboard_kernels import entry_time, kernel_gap, kernel_gap_table, kernels, kernels_table
+from cs336sys.analysis.leaderboard_proxy import offload_pairs, proxy_table
 from cs336sys.analysis.leaderboard_verdicts import (
     MEMORY_MATCH,
     TARGET_NATIVE_SPEEDUP,
@@ -178,27 +179,6 @@ def _native_policy(settings: dict) -> str:
     return "PyTorch-native: " + ", ".join(parts)
 
 
-def ok_time(cell: str) -> bool:
-    return cell.replace(".", "", 1).isdigit()
-
-
-def _proxy_table(proxies: list[tuple[str, dict]]) -> pd.DataFrame:
-    """The one-GPU proxy's configs (not leaderboard results): median step and allocator peak."""
-    rows = []
-    for name, r in proxies:
-        m = r.get("metrics") or {}
-        ok = r["status"] == "ok"
-        rows.append({"config": name, "setup": _describe(r["settings"]),
-                     "step (s)": f"{m['median_ms'] / 1e3:.3f}" if ok else r["status"],
-                     "peak (GiB)": m.get("peak_bytes") / GIB if ok and m.get("peak_bytes") else None})
-    table = pd.DataFrame(rows)
-    base = [float(r["step (s)"]) for r in rows if r["config"] == "pytorch_parts" and ok_time(r["step (s)"])]
-    if base:
-        table.insert(3, "× PyTorch's parts", [f"{float(t) / base[0]:.3f}" if ok_time(t) else None
-                                              for t in table["step (s)"]])
-    return table if table["peak (GiB)"].notna().any() else table.drop(columns="peak (GiB)")
-
-
 def _host(env: dict, world_size: int) -> dict:
     """What a step ran on, from its result's env: the GPUs ("2× H200", plural "2 H200s"), or the CPU's gloo
     processes on the smoke grid."""
@@ -328,34 +308,10 @@ def _read_results(paths: list[Path], ctx: LeaderboardContext, out: Path) -> list
     proxies = [(p.stem, r) for p, r in read if r.get("problem") == "leaderboard_proxy"]
     if proxies:
         ctx.proxy_layers = sorted({r["settings"]["num_layers"] for _, r in proxies})
-        proxy = _proxy_table(proxies)  # the printed table names each config; its CSV also says what each runs
+        proxy = proxy_table(proxies, _describe)  # the printed table names each config; its CSV also says what each runs
         ctx.tables["proxy"] = save_table(proxy.drop(columns="setup"), out, "proxy", digits=2, data=proxy)
-        ctx.proxy_offload = _offload_pairs(proxies)
+        ctx.proxy_offload = offload_pairs(proxies)
     return results
-
-
-def _offload_pairs(proxies: list[tuple[str, dict]]) -> list[dict]:
-    """Proxy configs with `offload_blocks` against the config with the same settings that recomputes those
-    blocks instead, where both ran to completion."""
-    def key(settings: dict) -> tuple:
-        return tuple(sorted((k, str(v)) for k, v in settings.items() if k != "offload_blocks"))
-
-    plain = {key(r["settings"]): (name, r) for name, r in proxies
-             if r["status"] == "ok" and not r["settings"].get("offload_blocks")}
-    pairs = []
-    for name, r in proxies:
-        k = r["settings"].get("offload_blocks") or 0
-        twin = plain.get(key(r["settings"]))
-        if not k or r["status"] != "ok" or twin is None:
-            continue
-        m, t = r["metrics"], twin[1]["metrics"]
-        pairs.append({"config": name, "twin": twin[0], "offloaded": k,
-                      "checkpointed": r["settings"].get("checkpoint_blocks"),
-                      "step_s": m["median_ms"] / 1e3, "twin_step_s": t["median_ms"] / 1e3,
-                      "ratio": m["median_ms"] / t["median_ms"],
-                      "peak_gib": (m.get("peak_bytes") or 0) / GIB or None,
-                      "twin_peak_gib": (t.get("peak_bytes") or 0) / GIB or None})
-    return sorted(pairs, key=lambda p: (str(p["checkpointed"]), p["offloaded"]))
 
 
 def _in_job_order(results: list[tuple[str, str, dict]], jobs: dict) -> list[tuple[str, str, dict]]:
