@@ -641,3 +641,27 @@ def test_a_point_keeps_its_timed_steps_and_the_clocks_over_just_them(monkeypatch
     # the window holds the three timed steps (and not the build, which takes longer than they do)
     assert sum(m["step_ms"]) / 1e3 <= m["step_clocks"]["window_s"] < m["build_s"] + sum(m["step_ms"]) / 1e3
     assert bench_optimized.OptimizedStepSettings("small", 512, "plain").steps == 30
+
+
+def test_a_step_with_the_ceiling_measured_in_its_own_job_is_held_to_that_one(tmp_path):
+    # the point's own 8192-cube product (measured in the job, beside the step) is the roofline's matmul
+    # ceiling, not the matmul_peak job's; where jobs measured different ceilings the section gives their range
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step
+
+    peak_job, own = random.uniform(600.0, 700.0), random.uniform(720.0, 800.0)
+    rows = [{"problem": "optimized_step", "status": "ok", "size": size, "context_length": 512, "metric_batch_size": 4,
+             "configuration": "plain", "techniques": [], "median_ms": 190.0, "std_ms": 1.0,
+             "env.gpu": "NVIDIA H100 80GB HBM3", "matmul_bf16_tflops": ceiling,
+             "phase_median_ms": {"forward_backward": 150.0, "optimizer_step": 40.0, "zero_grad": 0.0}}
+            for size, ceiling in [("2.7B", own), ("xl", own + 5.0)]]
+    ctx = optimized_step(pd.DataFrame(rows[:1]), {"NVIDIA H100 80GB HBM3": {"bf16": peak_job}}, tmp_path)
+    roof = step_roofline("2.7B", 4, 512, matmul_flops_per_s=own * 1e12, copy_bytes_per_s=3.0e12).total_ms
+    assert ctx["best"]["2.7B"]["x_roofline"] == pytest.approx(190.0 / roof)
+    assert ctx["matmul_tflops"] == pytest.approx(own) and ctx["matmul_sources"] == ["the same job"]
+    both = optimized_step(pd.DataFrame(rows), {"NVIDIA H100 80GB HBM3": {"bf16": peak_job}}, tmp_path)
+    assert both["matmul_tflops"] is None and both["matmul_range"] == pytest.approx((own, own + 5.0))
+    older = optimized_step(pd.DataFrame([{k: v for k, v in rows[0].items() if k != "matmul_bf16_tflops"}]),
+                           {"NVIDIA H100 80GB HBM3": {"bf16": peak_job}}, tmp_path)
+    assert older["matmul_tflops"] == pytest.approx(peak_job) and older["matmul_sources"] == ["matmul_peak"]

@@ -7,8 +7,10 @@ backward, optimizer step, zero_grad; a device synchronisation after each step, a
 with the GPU's SM clock and power sampled over them (`step_clocks`, `gpu_clocks.ClockSampler`'s medians:
 under the larger sizes' steps an H100 runs at its power cap, and its clock then differs between
 machines), and the device's copy bandwidth measured in the same process (a `copy_` of `COPY_BYTES` between two
-buffers: bytes read plus written over the median time), the roofline's memory ceiling. The loss of
-every timed step is kept (the configurations of a series train the same model on the same batch).
+buffers: bytes read plus written over the median time), the roofline's memory ceiling, and on CUDA its
+matmul ceiling too (`cs336sys.peak.matmul_tflops`: the bf16 8192-cube product, `CEILING_REPEATS` of them,
+with the clocks they ran at), so that the step and the roofline it is held to are measured in one job. The
+loss of every timed step is kept (the configurations of a series train the same model on the same batch).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import torch
 
 from cs336sys.gpu_clocks import ClockSampler
 from cs336sys.jobs import Run
+from cs336sys.peak import matmul_tflops
 from cs336sys.timing import peak_memory_bytes, reset_peak_memory, summarize_ms, synchronize
 from cs336sys.training.optimized import OptimizedSpec, build_optimized_step
 
 COPY_BYTES = 2 * 1024**3
 COPY_REPEATS = 20
 CLOCK_MS = 20  # nvidia-smi's sampling period over the timed steps
+CEILING_N, CEILING_REPEATS = 8192, 200  # the matmul ceiling measured in the job: ~0.3 s of products on an H200
 
 
 @dataclass(frozen=True)
@@ -146,4 +150,10 @@ def run_point(settings: OptimizedStepSettings, run: Run) -> dict:
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     metrics["copy_bytes_per_s"] = copy_bandwidth(device)
+    if run.is_cuda:
+        with ClockSampler(device, interval_ms=CLOCK_MS) as clocks:
+            _first_sample(clocks)
+            began = time.perf_counter()
+            metrics["matmul_bf16_tflops"] = matmul_tflops("bf16", CEILING_N, device, CEILING_REPEATS)
+            metrics["matmul_clocks"] = clocks.summary(began, time.perf_counter())
     return metrics

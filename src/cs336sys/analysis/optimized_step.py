@@ -2,8 +2,9 @@
 techniques added one at a time (results of the `optimized_step` experiment), each against the step
 roofline of `cs336sys.accounting.roofline`, as a table and a waterfall figure.
 
-The roofline's matmul ceiling is the bf16 matmul peak measured on the step's GPU model (`matmul_peak` results,
-or the model's preset where it holds the project's measurement); its copy
+The roofline's matmul ceiling is the bf16 8192-cube product measured in the step's own job (results that
+record it), else the bf16 matmul peak measured on the step's GPU model (`matmul_peak` results, or the
+model's preset where it holds the project's measurement); its copy
 bandwidth is the GPU preset's (`cs336sys.accounting.hardware`, measured by this project) where the
 result's GPU has one, else the copy bandwidth the point measured itself. Nothing here when the
 results hold no such series.
@@ -60,6 +61,16 @@ def _roofline_ms(row, matmul_flops_per_s: float | None) -> tuple[float | None, s
     return r.total_ms, source
 
 
+def _matmul_ceilings(data: pd.DataFrame) -> dict:
+    """The matmul ceilings the rooflines used: one value (`matmul_tflops`) or their range over the jobs
+    (`matmul_range`), and where they were measured (`matmul_sources`)."""
+    values = sorted({float(v) for v in data.get("matmul_tflops", pd.Series()).dropna()})
+    sources = sorted({s for s in data.get("matmul_source", pd.Series()).dropna()})
+    if len(values) <= 1:
+        return {"matmul_tflops": values[0] if values else None, "matmul_sources": sources}
+    return {"matmul_tflops": None, "matmul_range": (values[0], values[-1]), "matmul_sources": sources}
+
+
 def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], out: Path) -> dict | None:
     """The section context's `optimized`, or None without optimised-step results. `ceilings`: GPU name ->
     dtype -> matmul ceiling (TFLOP/s); each step's roofline uses its own GPU's bf16 ceiling."""
@@ -69,8 +80,9 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
     rows = []
     for _, r in series.iterrows():
         gpu = r.get("env.gpu")
-        matmul = ceilings.get(gpu if isinstance(gpu, str) else "", {}).get("bf16")  # "": the CPU
-        matmul_flops_per_s = matmul * 1e12 if matmul else None
+        own = r.get("matmul_bf16_tflops")
+        matmul = own if own == own and own else ceilings.get(gpu if isinstance(gpu, str) else "", {}).get("bf16")
+        matmul_flops_per_s = matmul * 1e12 if matmul else None  # ceilings' "": the CPU
         row = {"size": r["size"], "configuration": r["configuration"], "status": r["status"],
                "graphed": "cuda_graph" in list(r.get("techniques") or [])}
         if r["status"] == "ok":
@@ -79,7 +91,8 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
             row.update({"forward_backward_ms": phases["forward_backward"], "optimizer_ms": phases["optimizer_step"],
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
                         "steps": list(r["step_ms"]) if isinstance(r.get("step_ms"), list) else None,
-                        "roofline_copy_source": source,
+                        "roofline_copy_source": source, "matmul_tflops": matmul,
+                        "matmul_source": "the same job" if own == own and own else "matmul_peak",
                         "gpu": r.get("env.gpu") or r.get("env.cpu"), **clocks(r, "step"),
                         "power_limit_w": (r.get("step_clocks") or {}).get("power_limit_w")})
         rows.append(row)
@@ -101,7 +114,7 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
                                       data=data.drop(columns=["steps"], errors="ignore")),
                  "gpus": sorted({g for g in data.get("gpu", pd.Series()).dropna()}),
                  "copy_sources": sorted({s for s in data.get("roofline_copy_source", pd.Series()).dropna() if s}),
-                 "matmul_tflops": matmul, "sizes": list(dict.fromkeys(data["size"])),
+                 **_matmul_ceilings(data), "sizes": list(dict.fromkeys(data["size"])),
                  "context_lengths": sorted({int(c) for c in series["context_length"]}),
                  "bytes_per_parameter": sum(BYTES_PER_PARAMETER.values()),
                  "targets": TARGET_X_ROOFLINE, "target_default": DEFAULT_TARGET_X_ROOFLINE,
