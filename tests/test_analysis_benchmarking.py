@@ -190,3 +190,37 @@ def test_points_without_a_gpu_pair_with_the_ceiling_measured_without_one(built, 
     assert set(ctx.ceilings) == {""} and ctx.peak_gpu is None and ctx.cross_gpu == [] and ctx.on_eager is None
     assert ctx.best_mfu_by_dtype["bf16"]["pct"] > 0
     assert lint.problems(render_section("benchmarking", as_json(ctx), TEMPLATES)) == []  # fields left None render
+
+
+def test_a_ceiling_measured_in_rounds_says_its_range_and_clock(built, tmp_path):
+    # the matmul ceiling is its job's median round; the section gives the rounds' range and their clock
+    paths, _ = built
+    rounds = sorted(random.uniform(700.0, 800.0) for _ in range(5))
+    copies = []
+    for p in _on_gpus(paths, tmp_path, lambda rel: "NVIDIA H200"):
+        if p.suffix == ".json" and "matmul_peak/bf16" in p.as_posix():
+            r = json.loads(p.read_text())
+            r["metrics"].update(tflops=statistics.median(rounds), tflops_rounds=rounds,
+                                round_clocks=[{}] + [{"sm_clock_mhz": 1980.0}] * 4)  # the first round unsampled
+            p.write_text(json.dumps(r))
+        copies.append(p)
+    (tmp_path / "out").mkdir()
+    ctx = benchmarking.build(copies, tmp_path / "out")
+    assert ctx.peak_rounds["bf16"] == {"min": rounds[0], "max": rounds[-1], "n": 5, "sm_clock_mhz": 1980.0}
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
+    assert (f"bf16 {statistics.median(rounds):.0f} TFLOP/s [the median of 5 rounds: {rounds[0]:.0f} to "
+            f"{rounds[-1]:.0f}, SM clock 1,980 MHz]") in text
+    assert lint.problems(text) == []
+
+
+def test_the_matmul_ceiling_is_the_median_of_its_rounds(monkeypatch):
+    from cs336sys import peak
+    from cs336sys.jobs import Run
+
+    rates = iter([3.0, 1.0, 2.0])
+    monkeypatch.setattr(peak, "matmul_tflops", lambda *a: next(rates))
+    metrics = peak.run_point(peak.PeakSettings("fp32", n=64, rounds=3, device="cpu"), Run())
+    assert metrics["tflops"] == 2.0 and metrics["tflops_rounds"] == [3.0, 1.0, 2.0]
+    assert metrics["round_clocks"] == [{}, {}, {}]  # nothing samples the CPU's clock
+    with pytest.raises(ValueError, match="rounds must be positive"):
+        peak.run_point(peak.PeakSettings("fp32", rounds=0, device="cpu"), Run())

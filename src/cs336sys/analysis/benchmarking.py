@@ -57,6 +57,8 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     warm = frame[frame.problem == "warmup"].copy()
     peak = frame[frame.problem == "matmul_peak"].copy()
     ctx.peak_tflops = {r["dtype"]: r["tflops"] for _, r in peak.iterrows() if r["status"] == "ok"}
+    ctx.peak_rounds = {r["dtype"]: _rounds(r) for _, r in peak.iterrows()
+                       if r["status"] == "ok" and isinstance(r.get("tflops_rounds"), list)}
     _ceilings(ctx, peak, frame)
 
     ok = bench[bench.status == "ok"].copy()
@@ -85,6 +87,12 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     ctx.summary = _summary(ctx)
     ctx.limitations = _limitations(ctx)
     return ctx
+
+
+def _rounds(r: pd.Series) -> dict:
+    clocks = [c["sm_clock_mhz"] for c in r.get("round_clocks") or [] if c and c.get("sm_clock_mhz")]
+    return {"min": min(r["tflops_rounds"]), "max": max(r["tflops_rounds"]), "n": len(r["tflops_rounds"]),
+            "sm_clock_mhz": statistics.median(clocks) if clocks else None}
 
 
 def _ceilings(ctx: BenchmarkingContext, peak: pd.DataFrame, frame: pd.DataFrame) -> None:

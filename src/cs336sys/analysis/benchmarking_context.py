@@ -15,6 +15,9 @@ class BenchmarkingContext(SectionContext):
     """Figure name -> its file (`analysis.common.save_figure`): the times against size."""
     peak_tflops: dict[str, float] = field(default_factory=dict)
     """(MFU) Dtype -> the dense matmul ceiling measured on the GPU (TFLOP/s, `matmul_peak` results)."""
+    peak_rounds: dict[str, dict] = field(default_factory=dict)
+    """(MFU) Dtype -> the ceiling's rounds within its job: lowest and highest TFLOP/s, the rounds' median SM
+    clock (MHz; None where none was sampled). Empty for results measured in one round."""
     peak_gpu: str | None = None
     """(MFU) The GPU model those ceilings were measured on ("H200"); a point run on another GPU model is set
     against that model's own measured ceiling (`ceilings`), never against this one."""
