@@ -81,8 +81,9 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
     for _, r in series.iterrows():
         gpu = r.get("env.gpu")
         own = r.get("matmul_bf16_tflops")
-        matmul = own if own == own and own else ceilings.get(gpu if isinstance(gpu, str) else "", {}).get("bf16")
-        matmul_flops_per_s = matmul * 1e12 if matmul else None  # ceilings' "": the CPU
+        own = own if own == own and own else None  # NaN or absent: a result measured before the job timed it
+        matmul = own or ceilings.get(gpu if isinstance(gpu, str) else "", {}).get("bf16")  # ceilings' "": the CPU
+        matmul_flops_per_s = matmul * 1e12 if matmul else None
         row = {"size": r["size"], "configuration": r["configuration"], "status": r["status"],
                "graphed": "cuda_graph" in list(r.get("techniques") or [])}
         if r["status"] == "ok":
@@ -92,7 +93,7 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
                         "steps": list(r["step_ms"]) if isinstance(r.get("step_ms"), list) else None,
                         "roofline_copy_source": source, "matmul_tflops": matmul,
-                        "matmul_source": "the same job" if own == own and own else "matmul_peak",
+                        "matmul_source": "the same job" if own else "matmul_peak",
                         "gpu": r.get("env.gpu") or r.get("env.cpu"), **clocks(r, "step"),
                         "power_limit_w": (r.get("step_clocks") or {}).get("power_limit_w")})
         rows.append(row)
