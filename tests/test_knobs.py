@@ -12,8 +12,7 @@ import yaml
 
 from cs336sys import jobs, knobs, registry
 from cs336sys.run import resolve
-from cs336sys.whichjob import Workflow
-from cs336sys.workflow_helpers import grid_of, load_config
+from cs336sys.workflow_helpers import grid_of, load_config, parsed_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "grid.schema.yaml").read_text())
@@ -80,11 +79,11 @@ def test_a_job_is_given_its_points_less_their_defaults():
 @pytest.fixture(scope="module", params=["main", "next", "smoke"])
 def parsed(request):
     """(experiment rules' problem and points, the grid blocks each experiment's knobs come from)."""
-    with Workflow(REPO, {"grid": request.param}) as wf:
-        rules = [(r.params.problem, r.params.points) for r in wf.snakemake.rules if hasattr(r.params, "points")]
-        blocks = {e: set(paths) for e, paths in wf.snakemake.globals["KNOB_BLOCKS"].items()}
-        values = wf.snakemake.globals["GRID"]
-        registered = list(wf.snakemake.globals["EXPERIMENT_JOBS"])
+    with parsed_workflow(REPO, {"grid": request.param}) as workflow:
+        rules = [(r.params.problem, r.params.points) for r in workflow.rules if hasattr(r.params, "points")]
+        blocks = {e: set(paths) for e, paths in workflow.globals["KNOB_BLOCKS"].items()}
+        values = workflow.globals["GRID"]
+        registered = list(workflow.globals["EXPERIMENT_JOBS"])
     return request.param, rules, blocks, values, registered
 
 

@@ -30,10 +30,10 @@ METADATA = Path(".snakemake/metadata")
 
 def _jobs(grid: str) -> list:
     sys.path.insert(0, str(REPO / "src"))
-    from cs336sys.whichjob import Workflow
+    from cs336sys.workflow_helpers import parsed_workflow
 
-    with Workflow(REPO, {"grid": grid}) as wf:
-        return list(wf.snakemake.globals["EXPERIMENT_JOBS"])
+    with parsed_workflow(REPO, {"grid": grid}) as workflow:
+        return list(workflow.globals["EXPERIMENT_JOBS"])
 
 
 def snapshot() -> dict:

@@ -10,8 +10,8 @@ Outcomes: `ok` (metrics), `oom` (out of memory is a result), `unsupported` (rais
 the point cannot run here, for a reason that is a fact), or an error (a bug: no result is written,
 so Snakemake reports the job failed).
 
-Which rule makes a result file, and a rule's files: `python -m cs336sys.whichjob` (no experiment
-imports the re-run machinery, so none of it is in an experiment's code hash).
+Which rule makes a result file: `snakemake --summary FILE` (no experiment imports the re-run machinery, so
+none of it is in an experiment's code hash).
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ no code hash).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,3 +199,24 @@ def refuse_corrupt_results(workflow, jobs: list[ExperimentJob], repo: str) -> No
         file=sys.stderr,
     )
     raise SystemExit(1)
+
+
+@contextlib.contextmanager
+def parsed_workflow(repo: Path, config: dict | None = None) -> Iterator:
+    """The workflow of checkout `repo` as Snakemake parses it for `config` (its `rules`, its `globals`:
+    GRID, EXPERIMENT_JOBS, ...), nothing run. Parsing changes the working directory (`smoke/` for the smoke
+    grid), the environment and `sys.path`: each is what it was again on exit."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, OutputSettings, Quietness, ResourceSettings
+
+    cwd, environ, path = os.getcwd(), dict(os.environ), list(sys.path)
+    os.chdir(repo)
+    try:
+        with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api, contextlib.redirect_stderr(io.StringIO()):
+            yield api.workflow(resource_settings=ResourceSettings(), snakefile=Path(repo) / "Snakefile",
+                               config_settings=ConfigSettings(config=dict(config or {})))._workflow
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
