@@ -528,13 +528,13 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     assert ctx["slower"] == {"the CUDA graph": ["2.7B"]}
     assert ctx["spread_ms"] == {"eager": 8.0, "graph": 0.2}
     [row] = summary_rows(ctx)  # one row, one verdict, for the whole series
-    assert row["met"] is False and row["result"] == "2.7B 1.42× its roofline" and row["target"] == "≤ 1.2×"
+    assert row["met"] is False and row["result"] == "2.7B 1.42×" and row["target"] == "≤ 1.2×"
     fast = {**ctx, "best": {"2.7B": {**ctx["best"]["2.7B"], "x_roofline": 1.19, "x_text": "1.19", "met": True},
                             "xl": {**ctx["best"]["2.7B"], "x_roofline": 1.25, "x_text": "1.25", "target": 1.3,
                                    "met": True}}}
     [row] = summary_rows(fast)
     assert row["met"] is True and row["why"] is None
-    assert row["result"] == "2.7B 1.19×, xl 1.25× its roofline" and row["target"] == "≤ 1.2× (2.7B); ≤ 1.3× (xl)"
+    assert row["result"] == "2.7B 1.19×, xl 1.25×" and row["target"] == "≤ 1.2× (2.7B); ≤ 1.3× (xl)"
     # a size outside its target: the row misses, and says why, from the probes that measured it
     slow = {**fast, "best": {**fast["best"], "xl": {**fast["best"]["xl"], "x_roofline": 1.35, "x_text": "1.35",
                                                     "met": False}}}
@@ -665,3 +665,43 @@ def test_a_step_with_the_ceiling_measured_in_its_own_job_is_held_to_that_one(tmp
     older = optimized_step(pd.DataFrame([{k: v for k, v in rows[0].items() if k != "matmul_bf16_tflops"}]),
                            {"NVIDIA H100 80GB HBM3": {"bf16": peak_job}}, tmp_path)
     assert older["matmul_tflops"] == pytest.approx(peak_job) and older["matmul_sources"] == ["matmul_peak"]
+
+
+def test_a_ratio_whose_ceiling_ran_at_another_clock_than_the_step_is_judged_at_both(tmp_path):
+    # the cube product ran at a lower SM clock than the step: the ratio is also set against the ceiling scaled
+    # to the step's clock; a target met by one and missed by the other is neither (the ratio at one clock lies
+    # between them), and the summary says the range at the steps' clocks
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step, summary_rows
+
+    own, ceiling_clock, step_clock = random.uniform(650.0, 750.0), random.uniform(1500.0, 1600.0), 1980.0
+    roof = step_roofline("2.7B", 4, 512, matmul_flops_per_s=own * 1e12, copy_bytes_per_s=3.0e12).total_ms
+    at = step_roofline("2.7B", 4, 512, matmul_flops_per_s=own * 1e12 * step_clock / ceiling_clock,
+                       copy_bytes_per_s=3.0e12).total_ms
+    assert at < roof
+
+    def judged(step_ms: float, clocks: bool = True) -> dict:
+        row = {"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512,
+               "metric_batch_size": 4, "configuration": "plain", "techniques": [], "median_ms": step_ms,
+               "std_ms": 1.0, "env.gpu": "NVIDIA H100 80GB HBM3", "matmul_bf16_tflops": own,
+               "phase_median_ms": {"forward_backward": step_ms - 10.0, "optimizer_step": 10.0, "zero_grad": 0.0},
+               "step_clocks": {"sm_clock_mhz": step_clock}, "matmul_clocks": {"sm_clock_mhz": ceiling_clock}}
+        if not clocks:
+            row.pop("matmul_clocks")
+        return optimized_step(pd.DataFrame([row]), {}, tmp_path)
+
+    between = 1.2 * (roof + at) / 2  # within 1.2x of the roofline at the ceiling's clock, outside at the step's
+    ctx = judged(between)
+    b = ctx["best"]["2.7B"]
+    assert b["x_roofline"] == pytest.approx(between / roof) and b["x_at_clock"] == pytest.approx(between / at)
+    assert b["met"] == "noise" and b["clocks"] == (step_clock, ceiling_clock)
+    assert ctx["clock_ranges"] == {"step": (step_clock, step_clock), "ceiling": (ceiling_clock, ceiling_clock)}
+    [row] = summary_rows(ctx)
+    x = f"{between / at:.2f}"
+    assert row["met"] == "noise" and row["result"].endswith(f"({x}–{x}× at the steps' clocks)")
+    assert judged(1.19 * at)["best"]["2.7B"]["met"] is True and judged(1.21 * roof)["best"]["2.7B"]["met"] is False
+    # no clock under the product (a result measured before it was sampled): one ratio, judged alone
+    alone = judged(between, clocks=False)
+    assert alone["best"]["2.7B"]["x_at_clock"] is None and alone["best"]["2.7B"]["met"] is True
+    assert "clock_ranges" not in alone and "at the steps' clocks" not in summary_rows(alone)[0]["result"]
