@@ -232,3 +232,37 @@ def test_the_matmul_ceiling_is_the_median_of_its_rounds(monkeypatch):
     assert metrics["round_clocks"] == [{}, {}, {}]  # nothing samples the CPU's clock
     with pytest.raises(ValueError, match="rounds must be positive"):
         peak.run_point(peak.PeakSettings("fp32", rounds=0, device="cpu"), Run())
+
+
+def test_a_bf16_point_with_its_own_jobs_ceiling_is_set_against_that_one(built, tmp_path):
+    # bf16 points that timed the 8192-cube product in their own job: MFU over that product, the section says
+    # its range and the clocks under the products and the steps; fp32 points keep matmul_peak's ceiling
+    paths, before = built
+    rates, step_clock, product_clock = {}, random.uniform(1650.0, 1980.0), random.uniform(1500.0, 1650.0)
+    copies = []
+    for p in _on_gpus(paths, tmp_path, lambda rel: "NVIDIA H200"):
+        if p.suffix == ".json" and "/benchmarking/" in p.as_posix():
+            r = json.loads(p.read_text())
+            if r["settings"].get("dtype") == "bf16" and r["status"] == "ok":
+                rates[p.name + p.parent.name] = rate = random.uniform(650.0, 750.0)
+                r["metrics"].update(matmul_bf16_tflops=rate, matmul_clocks={"sm_clock_mhz": product_clock},
+                                    step_clocks={"sm_clock_mhz": step_clock})
+                p.write_text(json.dumps(r))
+        copies.append(p)
+    if not rates:
+        pytest.skip("no committed bf16 benchmarking point")
+    (tmp_path / "out").mkdir()
+    ctx = benchmarking.build(copies, tmp_path / "out")
+    assert ctx.own_ceiling["points"] == len(rates)
+    assert ctx.own_ceiling["tflops"] == pytest.approx((min(rates.values()), max(rates.values())))
+    assert ctx.own_ceiling["ceiling_mhz"] == (product_clock, product_clock)
+    assert ctx.own_ceiling["step_mhz"] == (step_clock, step_clock)
+    best = ctx.best_mfu_by_dtype["bf16"]
+    assert best["own_ceiling"] and min(rates.values()) <= best["ceiling"] <= max(rates.values())
+    assert ctx.best_mfu_by_dtype["fp32"]["ceiling"] == before.best_mfu_by_dtype["fp32"]["ceiling"]
+    assert f"of its own job's {best['ceiling']:.0f} TFLOP/s" in benchmarking._summary(ctx)[0]["result"]
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
+    assert f"The bf16 points ({len(rates)}) are each set against that product timed in their own job" in text
+    assert lint.problems(text) == []
+    # results measured before the job timed the product: none of this
+    assert before.own_ceiling is None and before.best_mfu_by_dtype["bf16"]["own_ceiling"] is False

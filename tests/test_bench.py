@@ -1,3 +1,4 @@
+import random
 import re
 import statistics
 import subprocess
@@ -158,3 +159,46 @@ def test_memory_estimate_counts_what_each_mode_keeps():
     assert parts["optimizer state"] == 2 * parts["parameters"] == 2 * parts["gradients"]
     forward = memory_estimate(BenchSettings(size="tiny", context_length=64, mode="forward", device="cpu"))
     assert forward == {"parameters": parts["parameters"]}
+
+
+class _Sampler:
+    """A ClockSampler stand-in: a known clock per window, and the windows it was asked about."""
+
+    def __init__(self, *args, **kwargs):
+        self.windows = []
+
+    def __enter__(self):
+        _Sampler.last = self
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def summary(self, start=None, end=None):
+        self.windows.append((start, end))
+        return {"sm_clock_mhz": 1500.0 + 100 * len(self.windows)}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_bf16_point_times_its_own_ceiling_after_its_steps_with_the_clocks_of_both(monkeypatch, dtype):
+    # on CUDA a bf16 point times the 8192-cube product after its steps (its MFU's ceiling, from its own job);
+    # the clock is sampled over the timed steps' window and over the product's
+    import cs336sys.bench as bench
+    from cs336sys.jobs import Run
+
+    rate = random.uniform(600.0, 800.0)
+    called = []
+    monkeypatch.setattr(bench, "ClockSampler", _Sampler)
+    monkeypatch.setattr(bench, "matmul_tflops", lambda *a: called.append(a) or rate)
+    monkeypatch.setattr(Run, "is_cuda", property(lambda self: True))
+    settings = bench.BenchSettings(size="tiny", context_length=16, mode="train_step", dtype=dtype, warmup=1, steps=3,
+                                   device="cpu")
+    m = bench.run_point(settings, Run(device="cpu"))
+    (start, end), *rest = _Sampler.last.windows
+    assert m["step_clocks"] == {"sm_clock_mhz": 1600.0}
+    assert end - start == pytest.approx(sum(m["step_ms"]) / 1e3)  # just the timed steps' window
+    if dtype == "bf16":
+        assert called == [("bf16", 8192, "cpu", bench.CEILING_REPEATS)] and m["matmul_bf16_tflops"] == rate
+        assert m["matmul_clocks"] == {"sm_clock_mhz": 1700.0} and rest[0][0] >= end
+    else:  # an fp32 point's ceiling is the CUDA cores' (matmul_peak's): no product timed here
+        assert called == [] and "matmul_bf16_tflops" not in m and rest == []

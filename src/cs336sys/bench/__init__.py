@@ -8,6 +8,11 @@ compiled (problem torch_compile): `blocks` compiles each TransformerBlock (they 
 graph, so compile time does not grow with depth); `full` compiles the whole model. The model,
 optimizer and data come from the one step builder, `cs336sys.training.step`.
 
+The GPU's SM clock and power are sampled over the timed steps (`step_clocks`, `gpu_clocks.ClockSampler`'s
+medians), and a bf16 point on CUDA times the bf16 8192-cube product after its steps, in the same process
+(`matmul_bf16_tflops`, `CEILING_REPEATS` products, with `matmul_clocks`): its MFU's ceiling, measured in the
+job it bounds rather than on another day.
+
 After the timed steps, two more passes of the same steps (never mixed into the step times):
 - phases: a device synchronisation around each phase (forward, backward, optimizer step), so the
   backward is timed alone, not as forward+backward less forward;
@@ -19,6 +24,7 @@ After the timed steps, two more passes of the same steps (never mixed into the s
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import sys
 import time
@@ -27,9 +33,14 @@ from dataclasses import dataclass
 
 import torch
 
+from cs336sys.gpu_clocks import ClockSampler
 from cs336sys.jobs import Run
+from cs336sys.peak import matmul_tflops
 from cs336sys.timing import peak_memory_bytes, peak_rss_bytes, reset_peak_memory, summarize_ms, synchronize, time_steps
 from cs336sys.training.step import StepSpec, build_step
+
+CLOCK_MS = 20  # nvidia-smi's sampling period over the timed steps
+CEILING_N, CEILING_REPEATS = 8192, 200  # the bf16 ceiling timed in the job: ~0.3 s of products on an H200
 
 
 @dataclass(frozen=True)
@@ -158,9 +169,11 @@ class Progress:
         self.run()
 
 
-def measure(settings: BenchSettings, device: str, progress: bool = False, extra_passes: bool = True) -> dict:
-    """Warm up, then time `steps` steps; metrics include every step's time and peak memory, then (with
-    `extra_passes`) each phase timed alone and, on CUDA, the GPU's busy time per step."""
+def measure(settings: BenchSettings, device: str, progress: bool = False, extra_passes: bool = True,
+            clocks: ClockSampler | None = None) -> dict:
+    """Warm up, then time `steps` steps; metrics include every step's time and peak memory, the SM clock over
+    the timed steps (from `clocks`, a running sampler), then (with `extra_passes`) each phase timed alone and,
+    on CUDA, the GPU's busy time per step."""
     reset_peak_memory(device)
     build_start = time.perf_counter()
     step = build_step(settings.spec(), device)
@@ -168,9 +181,12 @@ def measure(settings: BenchSettings, device: str, progress: bool = False, extra_
     build_s = time.perf_counter() - build_start
     run = Progress(step.run, settings.warmup, settings.steps) if progress else step.run
     times = time_steps(run, settings.warmup, settings.steps, device)
+    timed_to = time.perf_counter()  # the timed steps ran back to back just before: their window
     if progress:
         print(file=sys.stderr)
     metrics = {**summarize_ms(times), "step_ms": times, "build_s": build_s, **step.info}
+    if clocks is not None:
+        metrics["step_clocks"] = clocks.summary(timed_to - sum(times) / 1e3, timed_to)
     metrics["peak_memory_bytes"] = peak_memory_bytes(device)  # GPU allocator peak; None on the CPU
     if torch.device(device).type != "cuda":  # no allocator statistics: the process's resident-set high-water mark
         metrics["peak_rss_bytes"] = peak_rss_bytes()
@@ -187,7 +203,15 @@ def measure(settings: BenchSettings, device: str, progress: bool = False, extra_
 
 
 def run_point(settings: BenchSettings, run: Run) -> dict:
-    return measure(settings, run.device)
+    with ClockSampler(run.device, interval_ms=CLOCK_MS) as clocks:
+        metrics = measure(settings, run.device, clocks=clocks)
+        if run.is_cuda and settings.dtype == "bf16":  # the step is freed first: the product needs 0.4 GB
+            gc.collect()
+            torch.cuda.empty_cache()
+            began = time.perf_counter()
+            metrics["matmul_bf16_tflops"] = matmul_tflops("bf16", CEILING_N, run.device, CEILING_REPEATS)
+            metrics["matmul_clocks"] = clocks.summary(began, time.perf_counter())
+    return metrics
 
 
 def run_warmup_point(settings: WarmupSettings, run: Run) -> dict:
