@@ -202,3 +202,21 @@ def test_a_bf16_point_times_its_own_ceiling_after_its_steps_with_the_clocks_of_b
         assert m["matmul_clocks"] == {"sm_clock_mhz": 1700.0} and rest[0][0] >= end
     else:  # an fp32 point's ceiling is the CUDA cores' (matmul_peak's): no product timed here
         assert called == [] and "matmul_bf16_tflops" not in m and rest == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+def test_a_bf16_point_on_the_gpu_records_its_ceiling_and_both_clocks():
+    # the real sampler and product: a ceiling a dense bf16 product reaches on a datacenter GPU, the clocks
+    # sampled over the steps and the product where nvidia-smi runs
+    import shutil
+
+    import cs336sys.bench as bench
+    from cs336sys.jobs import Run
+
+    settings = bench.BenchSettings(size="small", context_length=512, mode="train_step", dtype="bf16", warmup=3,
+                                   steps=10, device="cuda")
+    m = bench.run_point(settings, Run(device="cuda:0"))
+    assert 100.0 < m["matmul_bf16_tflops"] < 2500.0 and m["achieved_tflops"] < m["matmul_bf16_tflops"]
+    if shutil.which("nvidia-smi"):
+        assert m["step_clocks"]["sm_clock_mhz"] > 0 and m["matmul_clocks"]["sm_clock_mhz"] > 0
