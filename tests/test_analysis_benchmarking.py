@@ -262,7 +262,7 @@ def test_a_bf16_point_with_its_own_jobs_ceiling_is_set_against_that_one(built, t
     assert ctx.best_mfu_by_dtype["fp32"]["ceiling"] == before.best_mfu_by_dtype["fp32"]["ceiling"]
     assert f"of its own job's {best['ceiling']:.0f} TFLOP/s" in benchmarking._summary(ctx)[0]["result"]
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
-    assert f"The bf16 points ({len(rates)}) are each set against that product timed in their own job" in text
+    assert f"The {len(rates)} bf16 points are each set against that product timed in their own job" in text
     assert lint.problems(text) == []
     # results measured before the job timed the product: none of this
     assert before.own_ceiling is None and before.best_mfu_by_dtype["bf16"]["own_ceiling"] is False

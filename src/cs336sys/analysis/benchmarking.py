@@ -130,7 +130,8 @@ def _own_ceilings(ctx: BenchmarkingContext, ok: pd.DataFrame) -> None:
             if column in ok else []
         return (min(values), max(values)) if values else None
 
-    ctx.own_ceiling = {"points": int(own.notna().sum()), "tflops": (float(own.min()), float(own.max())),
+    ctx.own_ceiling = {"points": int(own.notna().sum()), "of": int((ok["dtype"] == "bf16").sum()),
+                       "tflops": (float(own.min()), float(own.max())),
                        "ceiling_mhz": span("matmul_clocks"), "step_mhz": span("step_clocks")}
 
 

@@ -28,9 +28,9 @@ class BenchmarkingContext(SectionContext):
     ceiling_notes: list[str] = field(default_factory=list)
     """(MFU) One phrase per ceiling taken from a preset: which GPU, which figure, from where."""
     own_ceiling: dict | None = None
-    """(MFU) Where bf16 points timed the 8192-cube product in their own job (their MFU's ceiling then): how many,
-    its range (TFLOP/s) and the ranges of the SM clock under the products and under the steps (MHz; None where
-    not sampled). None when no point did."""
+    """(MFU) Where bf16 points timed the 8192-cube product in their own job (their MFU's ceiling then): how
+    many, of how many bf16 points, its range (TFLOP/s) and the ranges of the SM clock under the products and
+    under the steps (MHz; None where not sampled). None when no point did."""
     on_eager: str | None = None
     """Where the eager points ran, as a caption says it ("one H200"): the eager tables' captions."""
     cross_gpu: list[str] = field(default_factory=list)
