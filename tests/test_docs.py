@@ -206,7 +206,7 @@ def config_schema() -> dict:
     return yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
 
-SNAKEMAKE_VALUED = {"-c", "--cores", "-j", "--jobs", "--profile", "--quiet", "--forcerun", "--list-changes",
+SNAKEMAKE_VALUED = {"-c", "--cores", "-j", "--jobs", "--profile", "--quiet", "--forcerun", "--until", "--list-changes",
                     "--report"}  # --report: the file it writes
 
 

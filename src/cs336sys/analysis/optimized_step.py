@@ -134,33 +134,37 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
         optimized["compact"] = save_table(_compact(ok), out, "optimized_step_by_size", digits=1)
         largest = ok["size"].iloc[-1]
         optimized["figure"], optimized["figure_size"] = _waterfall(ok[ok["size"] == largest], out), largest
-        best = {}
-        for size, g in ok.groupby("size", sort=False):
-            fastest = g.loc[g.step_ms.idxmin()]
-            best[size] = {"first_ms": float(g.iloc[0].step_ms), "fastest_ms": float(fastest.step_ms),
-                          "fastest": LABELS.get(fastest.configuration, fastest.configuration),
-                          "x_roofline": float(fastest.step_ms / fastest.roofline_ms) if fastest.roofline_ms else None,
-                          "target": TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)}
-            x = best[size]["x_roofline"]
-            at = fastest.get("roofline_at_clock_ms")
-            y = float(fastest.step_ms / at) if x is not None and at == at and at else None
-            clocks_mhz = (float(fastest["step_clock_mhz"]), float(fastest["ceiling_clock_mhz"])) if y else None
-            best[size].update(x_at_clock=y, clocks=clocks_mhz)
-            best[size]["met"] = None if x is None else against_limit(min(x, y or x), max(x, y or x),
-                                                                      best[size]["target"])
-            best[size]["x_text"] = None if x is None else ratio_text(x, best[size]["target"])
-            best[size]["x_at_clock_text"] = None if y is None else ratio_text(y, best[size]["target"])
-        measured = [b for b in best.values() if b["x_at_clock"] is not None]
-        if measured:
-            optimized["clock_ranges"] = {k: (min(c := [b["clocks"][i] for b in measured]), max(c))
-                                         for i, k in enumerate(("step", "ceiling"))}
-        optimized["best"] = best
+        optimized.update(_best(ok))
         optimized["slower"] = _slower_than_before(ok)
         optimized["slower_pairs"] = SLOWER_PAIRS
         if ok.graphed.any() and not ok.graphed.all():
             optimized["spread_ms"] = {"eager": float(ok[~ok.graphed].std_ms.max()),
                                       "graph": float(ok[ok.graphed].std_ms.max())}
     return optimized
+
+
+def _best(ok: pd.DataFrame) -> dict:
+    """`best`: per size, its fastest configuration against the roofline at the ceiling's clock and at the
+    step's, and the verdict on both; `clock_ranges`: the clocks of those two sides, where both were sampled."""
+    best = {}
+    for size, g in ok.groupby("size", sort=False):
+        fastest = g.loc[g.step_ms.idxmin()]
+        target = TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)
+        x = float(fastest.step_ms / fastest.roofline_ms) if fastest.roofline_ms else None
+        at = fastest.get("roofline_at_clock_ms")
+        y = float(fastest.step_ms / at) if x is not None and at == at and at else None
+        best[size] = {"first_ms": float(g.iloc[0].step_ms), "fastest_ms": float(fastest.step_ms),
+                      "fastest": LABELS.get(fastest.configuration, fastest.configuration), "target": target,
+                      "x_roofline": x, "x_text": None if x is None else ratio_text(x, target),
+                      "x_at_clock": y, "x_at_clock_text": None if y is None else ratio_text(y, target),
+                      "clocks": (float(fastest["step_clock_mhz"]), float(fastest["ceiling_clock_mhz"])) if y else None,
+                      "met": None if x is None else against_limit(min(x, y or x), max(x, y or x), target)}
+    out: dict = {"best": best}
+    measured = [b for b in best.values() if b["x_at_clock"] is not None]
+    if measured:
+        out["clock_ranges"] = {k: (min(c := [b["clocks"][i] for b in measured]), max(c))
+                               for i, k in enumerate(("step", "ceiling"))}
+    return out
 
 
 def _sm_clock(summary) -> float | None:
