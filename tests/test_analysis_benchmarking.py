@@ -99,6 +99,12 @@ def test_summary_rows_name_their_table_and_come_from_the_results(built):
     assert f"{ctx.best_mfu_by_dtype['bf16']['pct']:.1f} %" in ctx.summary[0]["result"]
     assert ctx.best_mfu_by_dtype["bf16"]["pct"] < ctx.best_mfu["pct"] == ctx.best_mfu_by_dtype["fp32"]["pct"]
     assert all(r["ref"].startswith("bench-") for r in ctx.summary)
+    # bf16 against fp32: the wall-time ratio of the largest size's train step beside the GPU-busy one, which
+    # the host does not move
+    size, wall = list(ctx.bf16_train_speedup.items())[-1]
+    busy = ctx.bf16_busy_train_speedup[size]
+    assert ctx.summary[1]["result"] == (f"{wall:.2f}× faster train step, {busy:.2f}× in GPU-busy time "
+                                        f"({size}, context {ctx.bf16_context_length})")
 
 
 def test_the_section_and_its_appendix_render_cleanly(built):
@@ -264,5 +270,20 @@ def test_a_bf16_point_with_its_own_jobs_ceiling_is_set_against_that_one(built, t
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     assert f"The {len(rates)} bf16 points are each set against that product timed in their own job" in text
     assert lint.problems(text) == []
-    # results measured before the job timed the product: none of this
-    assert before.own_ceiling is None and before.best_mfu_by_dtype["bf16"]["own_ceiling"] is False
+    # results measured before the job timed the product (the same points without it): none of this, and the
+    # best bf16 point is set against matmul_peak's ceiling
+    bare = []
+    for p in copies:
+        if p.suffix == ".json" and "/benchmarking/" in p.as_posix():
+            r = json.loads(p.read_text())
+            for key in ("matmul_bf16_tflops", "matmul_clocks", "step_clocks"):
+                r["metrics"].pop(key, None)
+            q = tmp_path / "bare" / p.relative_to(tmp_path)
+            q.parent.mkdir(parents=True, exist_ok=True)
+            q.write_text(json.dumps(r))
+            p = q
+        bare.append(p)
+    (tmp_path / "bare-out").mkdir()
+    without = benchmarking.build(bare, tmp_path / "bare-out")
+    assert without.own_ceiling is None and without.best_mfu_by_dtype["bf16"]["own_ceiling"] is False
+    assert "timed in the matmul_peak job" in render_section("benchmarking", as_json(without), TEMPLATES)

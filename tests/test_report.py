@@ -155,3 +155,23 @@ def test_the_summary_shows_each_sections_first_rows_up_to_its_quota_and_the_conc
     missed = conclusions.split("**Targets missed.**")[1].split("**Within the noise.**")[0]
     assert "DDP third" in missed and "FSDP" in missed and "DDP second" not in missed
     assert lint.problems(text) == []
+
+
+def test_the_best_bf16_mfu_by_the_datasheet_is_taken_over_that_points_own_ceiling(tmp_path):
+    """The benchmarking section's "by the datasheet" figure is the best point's rate over the datasheet's peak:
+    its MFU times the ceiling it was set against (its own job's product), not matmul_peak's from another job."""
+    import random
+
+    root = Path(__file__).parent.parent
+    dirs = [root / "results" / "sections" / name for name in SECTIONS]
+    if not all((d / "context.json").is_file() for d in dirs):
+        pytest.skip("the committed sections are not all here")
+    contexts = {d.name: json.loads((d / "context.json").read_text()) for d in dirs}
+    best = contexts["benchmarking"].get("best_mfu_by_dtype", {}).get("bf16")
+    if best is None or not contexts["leaderboard"].get("peak_tflops"):
+        pytest.skip("no bf16 MFU or no datasheet peak in the committed sections")
+    best.update(pct=random.uniform(20.0, 60.0), ceiling=random.uniform(600.0, 800.0), own_ceiling=True)
+    text = render_markdown(sections(tmp_path, contexts), TEMPLATES, tmp_path / "writeup" / "report.md")
+    by_datasheet = best["pct"] * best["ceiling"] / contexts["leaderboard"]["peak_tflops"]
+    assert f"{best['ceiling']:.0f} TFLOP/s in the best point's own job" in text
+    assert f"so by the datasheet the bf16 best here is\n{by_datasheet:.1f} %" in text
