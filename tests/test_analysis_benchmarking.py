@@ -287,3 +287,32 @@ def test_a_bf16_point_with_its_own_jobs_ceiling_is_set_against_that_one(built, t
     without = benchmarking.build(bare, tmp_path / "bare-out")
     assert without.own_ceiling is None and without.best_mfu_by_dtype["bf16"]["own_ceiling"] is False
     assert "timed in the matmul_peak job" in render_section("benchmarking", as_json(without), TEMPLATES)
+
+
+def test_the_compile_speed_up_in_gpu_busy_time_is_each_pairs_busy_times_ratio(built):
+    """Beside the wall-time ratios (which count the launches compiling saves, set by the host), the section gives
+    each way of compiling's speed-up in GPU-busy time per dtype: eager's busy median over the compiled twin's."""
+    paths, ctx = built
+    results = [read_result(p) for p in paths if p.suffix == ".json" and "results/benchmarking/" in p.as_posix()]
+    key = lambda r: tuple(r["settings"][k] for k in ("size", "context_length", "mode", "dtype"))  # noqa: E731
+    busy = {(key(r), r["settings"]["compile"]): r["metrics"].get("gpu_busy_median_ms")
+            for r in results if r["status"] == "ok"}
+    want: dict[str, dict[str, list[float]]] = {}
+    for (k, method), t in busy.items():
+        e = busy.get((k, "eager"))
+        if method == "eager" or not t or not e:
+            continue
+        got = want.setdefault(method, {}).setdefault(k[3], [])
+        got.append(e / t)
+    if not want:
+        pytest.skip("no committed compiled point with its eager twin's busy time")
+    assert ctx.compile_busy_by_method.keys() == want.keys()
+    for method, by in want.items():
+        for dtype, ratios in by.items():
+            assert ctx.compile_busy_by_method[method][dtype] == pytest.approx([min(ratios), max(ratios)])
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
+    method, by = next(iter(want.items()))
+    dtype, ratios = next(iter(by.items()))
+    assert f"in GPU-busy time, the step's kernels alone,\n`{sorted(want)[0]}` is" in text
+    assert f"{min(ratios):.2f}× to {max(ratios):.2f}× in {dtype}" in text
+    assert lint.problems(text) == []

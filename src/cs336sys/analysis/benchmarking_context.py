@@ -92,6 +92,9 @@ class BenchmarkingContext(SectionContext):
     """(8b) The compiled speed-up over every pair, [lowest, highest]."""
     compile_speedup_by_method: dict[str, list[float]] | None = None
     """(8b) Way of compiling -> its speed-up, [lowest, highest]."""
+    compile_busy_by_method: dict[str, dict[str, list[float]]] | None = None
+    """(8b) Way of compiling -> dtype -> its speed-up in GPU-busy time, [lowest, highest]: the kernels' own gain,
+    without the launches compiling saves (which the host's speed sets)."""
     # model FLOPs utilisation, the timings' spread
     mfu_context: int | None = None
     """(MFU) The context of the compact MFU table: the longest train step's."""

@@ -105,8 +105,10 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
     comp = ok[ok["compile"] != "eager"]
     eager = ok[ok["compile"] == "eager"]
     # a ratio only between points of one GPU model: a compiled point whose eager twin ran elsewhere is named
-    both = comp[keys + ["mean_ms", "compile", "gpu"]].merge(eager[keys + ["mean_ms", "gpu"]], on=keys,
-                                                            suffixes=("_compiled", "_eager"))
+    busy = "gpu_busy_median_ms" if "gpu_busy_median_ms" in ok else None
+    times = ["mean_ms", *([busy] if busy else [])]
+    both = comp[keys + times + ["compile", "gpu"]].merge(eager[keys + times + ["gpu"]], on=keys,
+                                                         suffixes=("_compiled", "_eager"))
     apart = both[both.gpu_compiled != both.gpu_eager]
     ctx.cross_gpu = [f"`{c}` ({len(g)} points) ran on the {gpu_model(a)}, eager on the {gpu_model(b)}"
                      for (c, a, b), g in apart.groupby(["compile", "gpu_compiled", "gpu_eager"])]
@@ -147,3 +149,9 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
     ctx.compile_speedup_range = [float(merged.speedup.min()), float(merged.speedup.max())]
     ctx.compile_speedup_by_method = {m: [float(g.speedup.min()), float(g.speedup.max())]
                                      for m, g in merged.groupby("compile")}
+    if busy:
+        kernels = merged.dropna(subset=[f"{busy}_eager", f"{busy}_compiled"])
+        kernels = kernels.assign(busy_speedup=kernels[f"{busy}_eager"] / kernels[f"{busy}_compiled"])
+        ctx.compile_busy_by_method = {m: {d: [float(h.busy_speedup.min()), float(h.busy_speedup.max())]
+                                          for d, h in g.groupby("dtype")}
+                                      for m, g in kernels.groupby("compile")} or None
