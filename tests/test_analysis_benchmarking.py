@@ -266,7 +266,11 @@ def test_a_bf16_point_with_its_own_jobs_ceiling_is_set_against_that_one(built, t
     best = ctx.best_mfu_by_dtype["bf16"]
     assert best["own_ceiling"] and min(rates.values()) <= best["ceiling"] <= max(rates.values())
     assert ctx.best_mfu_by_dtype["fp32"]["ceiling"] == before.best_mfu_by_dtype["fp32"]["ceiling"]
-    assert f"of its own job's {best['ceiling']:.0f} TFLOP/s" in benchmarking._summary(ctx)[0]["result"]
+    assert f"of its job's {best['ceiling']:.0f} TFLOP/s" in benchmarking._summary(ctx)[0]["result"]
+    # and against that product scaled to the steps' clock: MFU times the product's clock over the step's
+    at_clock = best["pct"] * product_clock / step_clock
+    assert best["pct_at_step_clock"] == pytest.approx(at_clock)
+    assert f", {at_clock:.1f} % at the step's clock;" in benchmarking._summary(ctx)[0]["result"]
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     assert f"The {len(rates)} bf16 points are each set against that product timed in their own job" in text
     assert lint.problems(text) == []
@@ -287,6 +291,7 @@ def test_a_bf16_point_with_its_own_jobs_ceiling_is_set_against_that_one(built, t
     without = benchmarking.build(bare, tmp_path / "bare-out")
     assert without.own_ceiling is None and without.best_mfu_by_dtype["bf16"]["own_ceiling"] is False
     assert "timed in the matmul_peak job" in render_section("benchmarking", as_json(without), TEMPLATES)
+    assert "pct_at_step_clock" not in without.best_mfu_by_dtype["bf16"]  # no own product: no clock to scale to
 
 
 def test_the_compile_speed_up_in_gpu_busy_time_is_each_pairs_busy_times_ratio(built):
@@ -313,6 +318,35 @@ def test_the_compile_speed_up_in_gpu_busy_time_is_each_pairs_busy_times_ratio(bu
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     method, by = next(iter(want.items()))
     dtype, ratios = next(iter(by.items()))
-    assert f"in GPU-busy time, the step's kernels alone,\n`{sorted(want)[0]}` is" in text
+    assert f"in GPU-busy time, the kernels alone, `{sorted(want)[0]}` is" in text
     assert f"{min(ratios):.2f}× to {max(ratios):.2f}× in {dtype}" in text
     assert lint.problems(text) == []
+    # "largest in bf16" only where every bf16 pair is above every fp32 one
+    flat = {d: [x for by in want.values() for x in by.get(d, [])] for d in ("bf16", "fp32")}
+    above = bool(flat["bf16"] and flat["fp32"]) and min(flat["bf16"]) > max(flat["fp32"])
+    assert ctx.compile_busy_trend["bf16_above_fp32"] is above
+    assert ("the gain is largest where the elementwise share is, in bf16" in text) is above
+
+
+def test_bf16_against_fp32_says_a_trend_with_size_only_where_the_series_has_one(built):
+    """The section says the bf16 gain grows with size in busy time only where every size's busy-time ratio is
+    above the one before, says the wall-time ratios do not follow size where they do not, and names the sizes
+    whose bf16 train step keeps the GPU busy under the host-bound share."""
+    from cs336sys.analysis.benchmarking_speedups import HOST_BOUND_BUSY, rises
+
+    paths, ctx = built
+    if not ctx.bf16_busy_train_speedup:
+        pytest.skip("no committed busy times")
+    busy, wall = list(ctx.bf16_busy_train_speedup.values()), list(ctx.bf16_train_speedup.values())
+    assert ctx.bf16_trend["busy_rises"] is all(b > a for a, b in zip(busy, busy[1:], strict=False))
+    assert ctx.bf16_trend["wall_rises"] is all(b > a for a, b in zip(wall, wall[1:], strict=False))
+    assert rises([1.0, 2.0, 3.0]) and not rises([1.0, 0.9, 3.0]) and not rises([1.0])
+    results = [read_result(p) for p in paths if p.suffix == ".json" and "results/benchmarking/" in p.as_posix()]
+    want = [r["settings"]["size"] for r in results
+            if r["status"] == "ok" and r["settings"]["compile"] == "eager" and r["settings"]["dtype"] == "bf16"
+            and r["settings"]["mode"] == "train_step" and r["settings"]["context_length"] == ctx.busy_context
+            and r["metrics"]["gpu_busy_median_ms"] < HOST_BOUND_BUSY * r["metrics"]["median_ms"]]
+    assert sorted(ctx.bf16_trend["host_bound_train"]) == sorted(want)
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
+    assert ("In busy time the gain grows with size" in text) is ctx.bf16_trend["busy_rises"]
+    assert ("The wall-time ratios do not follow size" in text) is (bool(want) and not ctx.bf16_trend["wall_rises"])

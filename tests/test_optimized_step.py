@@ -520,7 +520,8 @@ def test_the_section_sets_each_configuration_against_the_roofline(tmp_path):
     # then the roofline, numbers right-aligned
     compact = ctx["compact"].splitlines()
     assert compact[:2] == ["| step (ms) | 2.7B |", "|:---|---:|"]
-    assert [line.split("|")[1].strip() for line in compact[2:]] == ["plain", "fused AdamW", "CUDA graph", "roofline"]
+    assert [line.split("|")[1].strip() for line in compact[2:]] == ["plain", "fused AdamW", "CUDA graph",
+                                                                    "roofline of the fastest"]
     assert compact[2].endswith("| 190.0 |") and compact[-1].endswith("| 93.6 |")
     assert ctx["best"]["2.7B"]["fastest_ms"] == 133.0 and (tmp_path / ctx["figure"]).exists()
     # verdicts decided here, not in the template: 133.0 / 93.57 = 1.42, outside the 2.7B's 1.2x
@@ -705,3 +706,28 @@ def test_a_ratio_whose_ceiling_ran_at_another_clock_than_the_step_is_judged_at_b
     alone = judged(between, clocks=False)
     assert alone["best"]["2.7B"]["x_at_clock"] is None and alone["best"]["2.7B"]["met"] is True
     assert "clock_ranges" not in alone and "at the steps' clocks" not in summary_rows(alone)[0]["result"]
+
+
+def test_the_masked_half_of_attention_is_priced_at_the_rows_own_ceiling(tmp_path):
+    """The roofline counts attention's full context x context products (`sizes.train_step_flops`); the share of it
+    that prices the masked half (which causal FlashAttention skips) is that half of the attention FLOPs, counted
+    here from the dense part, over the row's own ceiling, over the roofline."""
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import optimized_step
+    from cs336sys.sizes import get_size, train_step_flops
+
+    size, batch, context = "small", 4, random.choice([256, 512, 1024])
+    ceiling = random.uniform(600.0, 800.0)
+    rows = [{"problem": "optimized_step", "size": size, "context_length": context, "metric_batch_size": batch,
+             "status": "ok", "configuration": "plain", "techniques": [], "median_ms": 20.0, "std_ms": 0.1,
+             "env.gpu": "NVIDIA H100 80GB HBM3", "matmul_bf16_tflops": ceiling,
+             "phase_median_ms": {"forward_backward": 15.0, "optimizer_step": 5.0, "zero_grad": 0.0}}]
+    ctx = optimized_step(pd.DataFrame(rows), {}, tmp_path)
+    s = get_size(size)
+    dense = 3 * 2 * batch * context * (s.num_layers * (4 * s.d_model**2 + 3 * s.d_model * s.d_ff)
+                                       + s.d_model * s.vocab_size)
+    masked = (train_step_flops(size, batch, context) - dense) / 2
+    roof = step_roofline(size, batch, context, matmul_flops_per_s=ceiling * 1e12, copy_bytes_per_s=3.0e12).total_ms
+    want = 100 * masked / (ceiling * 1e12) * 1e3 / roof
+    assert ctx["best"][size]["masked_pct"] == pytest.approx(want)

@@ -79,6 +79,9 @@ class BenchmarkingContext(SectionContext):
     """(b) Every host-bound point's wall and busy times (Markdown); absent without any."""
     bf16_busy_train_speedup: dict[str, float] | None = None
     """(4c) Size -> the train step's bf16 speed-up in GPU-busy time at the busy context."""
+    bf16_trend: dict | None = None
+    """(4c) Whether the train step's bf16 speed-up rises with size in busy time and in wall time
+    (`busy_rises`, `wall_rises`), and the sizes whose bf16 train step there is host-bound (`host_bound_train`)."""
     # torch_compile (b): the compiled model against eager
     tables_compile: str | None = None
     """(8b) Eager and compiled mean times and the speed-up of every pair of points (Markdown)."""
@@ -95,6 +98,9 @@ class BenchmarkingContext(SectionContext):
     compile_busy_by_method: dict[str, dict[str, list[float]]] | None = None
     """(8b) Way of compiling -> dtype -> its speed-up in GPU-busy time, [lowest, highest]: the kernels' own gain,
     without the launches compiling saves (which the host's speed sets)."""
+    compile_busy_trend: dict | None = None
+    """(8b) Whether every bf16 pair's busy-time speed-up is above every fp32 pair's (`bf16_above_fp32`), and
+    whether the largest bf16 one per size falls at every step from the smallest size (`falls_with_size`)."""
     # model FLOPs utilisation, the timings' spread
     mfu_context: int | None = None
     """(MFU) The context of the compact MFU table: the longest train step's."""

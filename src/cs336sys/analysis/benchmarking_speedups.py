@@ -53,6 +53,26 @@ def busy(ctx: BenchmarkingContext, ok: pd.DataFrame, out: Path) -> None:
         train = wide[wide["mode"] == MODE_LABEL["train_step"]].dropna(subset=["bf16 speed-up, GPU busy (×)"])
         ctx.bf16_busy_train_speedup = {r["size"]: float(r["bf16 speed-up, GPU busy (×)"])
                                        for _, r in train.iterrows()}
+    bf16_train = at[(at["mode"] == "train_step") & (at["dtype"] == "bf16")]
+    ctx.bf16_trend = {
+        "busy_rises": rises(list((ctx.bf16_busy_train_speedup or {}).values())),
+        "wall_rises": rises(list((ctx.bf16_train_speedup or {}).values())),
+        "host_bound_train": [r["size"] for _, r in sort_rows(bf16_train, "size").iterrows()
+                             if r.busy_pct < 100 * HOST_BOUND_BUSY],
+        "slower_host_bound": _slower_host_bound(e)}
+
+
+def _slower_host_bound(e: pd.DataFrame) -> int:
+    """How many eager bf16 points slower than their fp32 twin (mean times, as the bf16 table) are host-bound."""
+    keys = ["size", "context_length", "mode"]
+    pair = e[e["dtype"] == "bf16"].merge(e[e["dtype"] == "fp32"][keys + ["mean_ms"]], on=keys, suffixes=("", "_fp32"))
+    slower = pair[pair.mean_ms_fp32 < pair.mean_ms]
+    return int((slower.busy_pct < 100 * HOST_BOUND_BUSY).sum())
+
+
+def rises(values: list[float]) -> bool:
+    """Whether a series, in size order, rises at every step (a trend the prose may then state)."""
+    return len(values) > 1 and all(b > a for a, b in zip(values, values[1:], strict=False))
 
 
 def precision_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, out: Path) -> None:
@@ -155,3 +175,9 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
         ctx.compile_busy_by_method = {m: {d: [float(h.busy_speedup.min()), float(h.busy_speedup.max())]
                                           for d, h in g.groupby("dtype")}
                                       for m, g in kernels.groupby("compile")} or None
+        by_dtype = {d: g.busy_speedup for d, g in kernels.groupby("dtype")}
+        bf16 = sort_rows(kernels[kernels["dtype"] == "bf16"].groupby("size", as_index=False).busy_speedup.max(), "size")
+        ctx.compile_busy_trend = {
+            "bf16_above_fp32": bool({"bf16", "fp32"} <= set(by_dtype)
+                                    and by_dtype["bf16"].min() > by_dtype["fp32"].max()),
+            "falls_with_size": rises([-x for x in bf16.busy_speedup])}

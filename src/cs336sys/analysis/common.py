@@ -216,6 +216,12 @@ def read_benchmark_tsv(path: Path) -> float:
 CLOCK, POWER = "clock (MHz)", "power (W)"
 
 
+def sm_clock(summary) -> float | None:
+    """The median SM clock (MHz) of a `gpu_clocks.ClockSampler` summary (None: not sampled)."""
+    value = summary.get("sm_clock_mhz") if isinstance(summary, dict) else None
+    return float(value) if value else None
+
+
 def clocks(r: pd.Series, phase: str = "fwd_bwd") -> dict:
     """The median SM clock and power over a point's timed `phase` (its `{phase}_clocks`, a
     `gpu_clocks.ClockSampler` summary: fwd_bwd | fwd for attention, step for the optimised step): a

@@ -20,8 +20,9 @@ import pandas as pd
 
 from cs336sys.accounting.hardware import preset_for_gpu
 from cs336sys.accounting.roofline import BYTES_PER_PARAMETER, step_roofline
-from cs336sys.analysis.common import CLOCK, POWER, clocks, figure, save_figure, save_table, size_key
+from cs336sys.analysis.common import CLOCK, POWER, clocks, figure, save_figure, save_table, size_key, sm_clock
 from cs336sys.analysis.verdicts import against_limit, all_of
+from cs336sys.sizes import get_size
 
 LABELS = {"plain": "plain (our AdamW, naive attention)", "fused_adamw": "+ fused AdamW (Triton)",
           "fused_elementwise": "+ fused RMSNorm/SwiGLU/RoPE", "flash": "+ our FlashAttention-2",
@@ -92,8 +93,8 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
         if r["status"] == "ok":
             phases = r["phase_median_ms"]
             roof, source = _roofline_ms(r, matmul_flops_per_s)
-            step_clock = _sm_clock(r.get("step_clocks"))
-            ceiling_clock = _sm_clock(r.get("matmul_clocks")) if own else None
+            step_clock = sm_clock(r.get("step_clocks"))
+            ceiling_clock = sm_clock(r.get("matmul_clocks")) if own else None
             at_clock = (matmul_flops_per_s * step_clock / ceiling_clock
                         if matmul_flops_per_s and step_clock and ceiling_clock else None)
             row.update({"roofline_at_clock_ms": _roofline_ms(r, at_clock)[0], "ceiling_clock_mhz": ceiling_clock,
@@ -102,6 +103,7 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
                         "steps": list(r["step_ms"]) if isinstance(r.get("step_ms"), list) else None,
                         "roofline_copy_source": source, "matmul_tflops": matmul,
+                        "masked_pct": _masked_pct(r, matmul_flops_per_s, roof),
                         "matmul_source": "the same job" if own else "matmul_peak",
                         "gpu": r.get("env.gpu") or r.get("env.cpu"), **clocks(r, "step"),
                         "power_limit_w": (r.get("step_clocks") or {}).get("power_limit_w")})
@@ -158,7 +160,8 @@ def _best(ok: pd.DataFrame) -> dict:
                       "x_roofline": x, "x_text": None if x is None else ratio_text(x, target),
                       "x_at_clock": y, "x_at_clock_text": None if y is None else ratio_text(y, target),
                       "clocks": (float(fastest["step_clock_mhz"]), float(fastest["ceiling_clock_mhz"])) if y else None,
-                      "met": None if x is None else against_limit(min(x, y or x), max(x, y or x), target)}
+                      "met": None if x is None else against_limit(min(x, y or x), max(x, y or x), target),
+                      "masked_pct": fastest.get("masked_pct")}
     out: dict = {"best": best}
     measured = [b for b in best.values() if b["x_at_clock"] is not None]
     if measured:
@@ -167,10 +170,15 @@ def _best(ok: pd.DataFrame) -> dict:
     return out
 
 
-def _sm_clock(summary) -> float | None:
-    """The median SM clock of a `gpu_clocks.ClockSampler` summary (None: not sampled)."""
-    value = summary.get("sm_clock_mhz") if isinstance(summary, dict) else None
-    return float(value) if value else None
+def _masked_pct(r: pd.Series, matmul_flops_per_s: float | None, roofline_ms: float | None) -> float | None:
+    """The share (%) of a step's roofline that prices attention's masked half: `sizes.train_step_flops`
+    counts the full context x context score and value products (as naive attention computes them), which
+    causal FlashAttention skips above the diagonal (half of them), at the roofline's own matmul ceiling."""
+    if not matmul_flops_per_s or not roofline_ms:
+        return None
+    s, b, t = get_size(r["size"]), int(r["metric_batch_size"]), int(r["context_length"])
+    masked_flops = 3 * s.num_layers * 2 * b * t**2 * s.d_model  # half of forward_flops' attention, times 3
+    return float(100 * masked_flops / matmul_flops_per_s * 1e3 / roofline_ms)
 
 
 def _power_capped(data: pd.DataFrame) -> dict:
@@ -204,18 +212,27 @@ def _unmeasured(data: pd.DataFrame) -> dict[str, list[str]]:
 
 def _compact(ok: pd.DataFrame) -> pd.DataFrame:
     """One column per size (the report's tables take at most nine; the series grows down): the step
-    (ms) after each technique in the series' order, then the roofline (the section's text gives the
-    fastest step over it). A configuration a size has no point of reads "–"."""
+    (ms) after each technique in the series' order, then the fastest configuration's roofline, the one the
+    section's text holds that step to (each configuration's job timed its own ceiling, so rooflines differ a
+    little between rows). A configuration a size has no point of reads "–"."""
     columns = {}
     for size, g in ok.groupby("size", sort=False):
-        roof = g.roofline_ms.dropna()
-        roofline = float(roof.iloc[0]) if not roof.empty else None
         columns[size] = {**{SHORT.get(c, c): t for c, t in zip(g.configuration, g.step_ms, strict=True)},
-                         "roofline": roofline}
+                         ROOFLINE_ROW: _fastest_roofline(g)}
     table = pd.DataFrame(columns)  # (rows in the order first seen: the series' order)
-    measured = table.drop(index="roofline").isna()
+    measured = table.drop(index=ROOFLINE_ROW).isna()
     table = table.astype(object).where(~measured.reindex(table.index, fill_value=False), "–")
     return table.rename_axis("step (ms)").reset_index()
+
+
+ROOFLINE_ROW = "roofline of the fastest"
+
+
+def _fastest_roofline(g: pd.DataFrame) -> float | None:
+    """The roofline (ms) of a size's fastest configuration: the one its verdict uses."""
+    fastest = g.loc[g.step_ms.idxmin()]
+    roof = fastest.roofline_ms
+    return float(roof) if roof is not None and roof == roof else None  # None or NaN: no ceiling for its GPU
 
 
 def slower_pairs(before: list[float], after: list[float]) -> float:
@@ -286,10 +303,10 @@ def _waterfall(ok: pd.DataFrame, out: Path) -> str:
             ax.barh(i, high - low, left=low, color=color)
             change = f" ({ms - before:+.1f})" if i else ""
             ax.text(max(before, ms), i, f" {ms:.1f} ms{change}", va="center", fontsize=8)
-        roof = g.roofline_ms.dropna()
-        if not roof.empty:
-            ax.axvline(float(roof.iloc[0]), color="k", linestyle="--", linewidth=1)
-            ax.text(float(roof.iloc[0]), len(steps) - 0.4, " roofline", fontsize=8)
+        roof = _fastest_roofline(g)
+        if roof is not None:
+            ax.axvline(roof, color="k", linestyle="--", linewidth=1)
+            ax.text(roof, len(steps) - 0.4, " roofline of the fastest", fontsize=8)
         ax.set_yticks(range(len(steps)), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, max(steps) * 1.25)
