@@ -8,15 +8,19 @@ import re
 _TYPES = {"float", "double", "int", "char", "long", "unsigned", "bool", "short", "array", "Half", "BFloat16",
           "c10", "at", "std", "ul", "const", "void", "signed", "operator", "lambda", "TensorIteratorBase",
           "native", "detail", "OpaqueType", "int64_t", "uint32_t", "int32_t", "size_t", "true", "false"}
+# PyTorch's generic launchers: the op is the identifier inside them (masked_fill_kernel, BinaryFunctor), not they
+_LAUNCHERS = {"gpu_kernel_impl_nocast", "gpu_kernel_impl", "gpu_kernel", "unrolled_elementwise_kernel"}
 
 
 def compact_name(name: str, width: int = 44) -> str:
     """A kernel or op name short enough for a table cell: the name before its template arguments,
-    plus the first informative identifier inside them (a functor, say); cut at `width`."""
+    plus the first informative identifier inside them (a functor, say; PyTorch's generic launchers skipped);
+    cut at `width`."""
     base, _, rest = name.partition("<")
     label = base.strip()
     if rest:
-        inner = next((w for w in re.findall(r"[A-Za-z_]\w*", rest) if w not in _TYPES and len(w) > 2), None)
+        skip = _TYPES | _LAUNCHERS
+        inner = next((w for w in re.findall(r"[A-Za-z_]\w*", rest) if w not in skip and len(w) > 2), None)
         if inner:
             label = f"{label}<{inner}>"
     return label if len(label) <= width else label[: width - 1] + "…"

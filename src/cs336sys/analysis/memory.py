@@ -81,9 +81,11 @@ def _summary(ctx: MemoryContext) -> list[dict]:
         none = c.get("none")
         without = "out of memory without it" if none and none.get("status") != "ok" else (
             f"{none['peak']:.2f} {c['unit']} without it" if none else "")
+        k = c["best"]["k"]
         rows.append({"part": "Activation checkpointing, " + f"{c['size']} at context {c['context_length']}",
-                     "result": f"peak {c['best']['peak']:.2f} {c['unit']} with groups of {c['best']['k']} "
-                               f"block(s); {without}", "target": None, "met": None, "ref": "mem-ckpt"})
+                     "result": f"peak {c['best']['peak']:.2f} {c['unit']} with groups of {k} "
+                               f"block{'' if k == 1 else 's'}; {without}", "target": None, "met": None,
+                     "ref": "mem-ckpt"})
     return rows
 
 
@@ -113,6 +115,9 @@ def _saved(ctx: MemoryContext, out: Path, saved: list[dict]) -> None:
         "gradient_blocks_equal": m["gradient_bytes_blocks_equal"],
         "parameters_per_block": m["gradient_bytes_per_block"] // 4,
     }
+    # the FFN's d_ff-wide activations among the saved storages (a shared tensor counted once: bytes 0)
+    wide = [t for t in block.get("tensors", []) if t["bytes"] and t["shape"] and t["shape"][-1] == m["d_ff"]]
+    ctx.saved.update(ffn_wide=len(wide), ffn_wide_mib=sum(t["bytes"] for t in wide) / MIB)
     rows = [{"op (module/function)": f"`{t['op']}`", "saved (MiB)": t["bytes"] / MIB, "share (%)": 100 * t["share"],
              "tensors": t["tensors"]} for t in block["top"]]
     ctx.tables["block_top"] = save_table(pd.DataFrame(rows), out, "block_saved_top5", digits=2)
@@ -174,6 +179,38 @@ def predicted_peak(n: int, k: int, block: float, boundary: float, baseline: floa
 
 
 
+def _prediction_against_measured(sweep: list[dict], n: int, block: float, boundary: float, base: float,
+                                 grads: float, scale: float, capacity: float | None) -> dict:
+    """How far the predicted peak (first point's allocator baseline, as the table) is from each measured one,
+    and with each point's own baseline; whether the baseline rises with k; the points out of memory that the
+    prediction puts below the GPU's memory, even with the largest baseline measured; the step times."""
+    ok = sorted((r for r in sweep if r["status"] == "ok" and r["settings"]["checkpoint_blocks"]),
+                key=lambda r: r["settings"]["checkpoint_blocks"])
+    if not ok:
+        return {}
+    gap, own = [], []
+    for r in ok:
+        k, m = r["settings"]["checkpoint_blocks"], r["metrics"]
+        gap.append((m["peak_memory_bytes"] - predicted_peak(n, k, block, boundary, base, grads)) / scale)
+        own.append((m["peak_memory_bytes"] - predicted_peak(n, k, block, boundary, m["baseline_bytes"], grads)) / scale)
+    bases = [r["metrics"]["baseline_bytes"] for r in ok]
+    steps = [r["metrics"]["step_ms"]["mean_ms"] for r in ok]
+    largest = max(bases)
+    missed = [{"k": r["settings"]["checkpoint_blocks"],
+               "predicted": predicted_peak(n, r["settings"]["checkpoint_blocks"], block, boundary, base, grads) / scale,
+               "predicted_largest": predicted_peak(n, r["settings"]["checkpoint_blocks"], block, boundary, largest,
+                                                   grads) / scale}
+              for r in sweep if r["status"] == "oom" and capacity]
+    return {"ks": [r["settings"]["checkpoint_blocks"] for r in ok], "gap": gap, "own_gap": own,
+            "gap_grows": all(b > a for a, b in zip(gap, gap[1:], strict=False)),
+            "above": all(g > 0 for g in gap + own),
+            "baseline_rises": all(b > a for a, b in zip(bases, bases[1:], strict=False)),
+            "largest_baseline_k": ok[bases.index(largest)]["settings"]["checkpoint_blocks"],
+            "capacity": capacity / scale if capacity else None,
+            "oom_predicted_to_fit": [p for p in missed if p["predicted_largest"] * scale < capacity],
+            "steps": [min(steps), max(steps)], "steps_rise": all(b > a for a, b in zip(steps, steps[1:], strict=False))}
+
+
 def _point_of(r: dict, scale: float) -> dict:
     """A checkpointing point as the template reads it: k, status, peak (in the section's unit), step."""
     peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
@@ -207,17 +244,23 @@ def _checkpointing(ctx: MemoryContext, out: Path, sweep: list[dict]) -> None:
     bases = [r["metrics"]["baseline_bytes"] for r in ok if r["metrics"].get("baseline_bytes")]
     info.update(state=12 * parameter_count(first["size"]) / scale,
                 baseline_range=[min(bases) / scale, max(bases) / scale] if bases else None)
+    capacity = next((r["env"].get("gpu_memory_bytes") for r in sweep if r.get("env", {}).get("gpu_memory_bytes")),
+                    None)
+    info["fit"] = _prediction_against_measured(sweep, n, block, boundary, base, grads, scale, capacity)
 
-    rows = []
+    rows, data = [], []
     for r in sweep:
         k = r["settings"]["checkpoint_blocks"]
         peak = r["metrics"].get("peak_memory_bytes") if r["status"] == "ok" else None
-        rows.append({"k": "none" if k == 0 else k, "groups": str(math.ceil(n / k)) if k else "", "status": r["status"],
-                     f"peak ({unit})": None if peak is None else peak / scale,
-                     f"predicted peak ({unit})": predicted_peak(n, k, block, boundary, base, grads) / scale,
-                     f"predicted M(k) ({unit})": checkpoint_memory(n, k, block, boundary) / scale,
-                     "step (ms)": r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None})
-    ctx.tables["checkpointing"] = save_table(pd.DataFrame(rows), out, "checkpointing_sweep", digits=2)
+        step = r["metrics"]["step_ms"]["mean_ms"] if r["status"] == "ok" else None
+        row = {"k": "none" if k == 0 else k, "groups": str(math.ceil(n / k)) if k else "", "status": r["status"],
+               f"peak ({unit})": None if peak is None else peak / scale,
+               f"predicted peak ({unit})": predicted_peak(n, k, block, boundary, base, grads) / scale,
+               f"predicted M(k) ({unit})": checkpoint_memory(n, k, block, boundary) / scale}
+        data.append({**row, "step (ms)": step})
+        rows.append({**row, "step (ms)": "" if step is None else f"{step:,.0f}"})  # whole ms, as the prose
+    ctx.tables["checkpointing"] = save_table(pd.DataFrame(rows), out, "checkpointing_sweep", digits=2,
+                                             data=pd.DataFrame(data))
 
     by_k = {r["settings"]["checkpoint_blocks"]: r for r in sweep}
     measured = [(k, r["metrics"]["peak_memory_bytes"]) for k, r in by_k.items()
@@ -237,11 +280,11 @@ def _checkpointing(ctx: MemoryContext, out: Path, sweep: list[dict]) -> None:
         _checkpointing_figure(ctx, out, sweep, n, block, boundary, base, grads, unit, scale)
 
     recompute, bisection = recompute_from_input_cost(n), bisection_cost(n)
-    info["nested"] = {
-        "recompute_forwards": recompute["block_forwards"], "recompute_mib": (boundary + block) / MIB,
+    info["nested"] = {  # activations in the section's unit (GiB on a GPU): four significant digits at most
+        "recompute_forwards": recompute["block_forwards"], "recompute": (boundary + block) / scale,
         "bisection_forwards": bisection["block_forwards"], "bisection_boundaries": bisection["peak_boundaries"],
-        "bisection_mib": (bisection["peak_boundaries"] * boundary + block) / MIB,
-        "plain_forwards": n, "one_level_forwards": 2 * n, "no_checkpoint_mib": n * block / MIB,
+        "bisection": (bisection["peak_boundaries"] * boundary + block) / scale,
+        "plain_forwards": n, "one_level_forwards": 2 * n, "no_checkpoint": n * block / scale,
     }
 
 

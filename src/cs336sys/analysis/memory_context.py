@@ -17,8 +17,10 @@ class MemoryContext(SectionContext):
     """Wall seconds of the section's jobs (Snakemake's timing records)."""
     snapshot: dict | None = None
     """(5) The size whose snapshots are shown: its contexts, dtypes, unit, snapshot sources, points out of memory."""
-    bf16_ratio: dict[str, dict[str, float]] | None = None
-    """(5c) Mode -> bf16's peak over fp32's at the same point: {"min", "max"}."""
+    bf16_ratio: dict[str, dict] | None = None
+    """(5c) Mode -> bf16's peak against fp32's at the same context: the ratio's "min" and "max", at how many of
+    the "points" bf16's is "larger", its largest "excess" (unit) at "max_context"; "sites": at the largest
+    excess where both peak in one phase, the bytes the code sites that shrink free and those that grow add."""
     timeline: dict | None = None
     """(5a) The point whose forward and train-step timelines are drawn, with each mode's peak and phases."""
     train_peak_phases: dict[str, list[str]] | None = None

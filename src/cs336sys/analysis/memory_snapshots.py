@@ -72,12 +72,37 @@ def _peaks(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, contex
         rows.append(row)
     ctx.tables["peaks"] = save_table(pd.DataFrame(rows), out, "peak_memory", digits=2)
 
-    ratios: dict[str, list[float]] = {}
-    for (s, c, m, d), r in by.items():
+    pairs: dict[str, list[tuple[int, dict, dict]]] = {}  # mode -> (context, fp32's metrics, bf16's)
+    for (s, c, m, d), r in sorted(by.items()):
         other = by.get((s, c, m, "fp32"))
-        if d == "bf16" and r["status"] == "ok" and other is not None and other["status"] == "ok":
-            ratios.setdefault(m, []).append(r["metrics"]["peak_bytes"] / other["metrics"]["peak_bytes"])
-    ctx.bf16_ratio = {MODE_LABEL[m]: {"min": min(v), "max": max(v)} for m, v in ratios.items()}
+        if s == size and d == "bf16" and r["status"] == "ok" and other is not None and other["status"] == "ok":
+            pairs.setdefault(m, []).append((c, other["metrics"], r["metrics"]))
+    ctx.bf16_ratio = {MODE_LABEL[m]: {"mode": MODE_LABEL[m], **_bf16_against_fp32(v, scale)} for m, v in pairs.items()}
+
+
+def _bf16_against_fp32(pairs: list[tuple[int, dict, dict]], scale: int) -> dict:
+    """(c) bf16's peaks against fp32's over one mode's contexts: the ratio's range, at how many contexts bf16
+    needs more, the largest excess; and, at the largest excess where both dtypes peak in the same phase, what
+    the code sites (`peak_by_category`) hold at the two peaks: the bytes freed by the sites that shrink, added
+    by those that grow, and the two that grow most."""
+    ratio = {c: b["peak_bytes"] / a["peak_bytes"] for c, a, b in pairs}
+    worst = max(ratio, key=lambda c: (ratio[c], c))
+    out = {"min": min(ratio.values()), "max": max(ratio.values()), "points": len(pairs),
+           "larger": sum(v > 1 for v in ratio.values()), "max_context": worst,
+           "excess": next(b["peak_bytes"] - a["peak_bytes"] for c, a, b in pairs if c == worst) / scale}
+    same_phase = [(c, a, b) for c, a, b in pairs if a["peak_phase"] == b["peak_phase"] and ratio[c] > 1]
+    if same_phase:
+        c, a, b = max(same_phase, key=lambda t: (ratio[t[0]], t[0]))
+        fp32, bf16 = a["peak_by_category"], b["peak_by_category"]
+        change = {site: bf16.get(site, 0) - fp32.get(site, 0) for site in set(fp32) | set(bf16)
+                  if site != "before recording"}  # what the step allocated, not the state it started with
+        grew = sorted((site for site in change if change[site] > 0 and site != "other"), key=lambda x: -change[x])
+        out["sites"] = {"context": c, "phase": a["peak_phase"],
+                        "freed": -sum(v for v in change.values() if v < 0) / scale,
+                        "added": sum(v for v in change.values() if v > 0) / scale,
+                        # a site as file:line, its function's name left to the table of the largest allocations
+                        "grew": [{"site": site.split()[0], "change": change[site] / scale} for site in grew[:2]]}
+    return out
 
 
 def _timelines(ctx: MemoryContext, out: Path, by: dict[Key, dict], size: str, contexts: list[int], dtypes: list[str],
