@@ -12,7 +12,7 @@ from test_analysis_ddp import H200_ENV, _write, build, inputs, render
 
 from cs336sys.analysis import ddp
 from cs336sys.analysis.ddp_scaling import ring_allreduce_ms, ring_factor
-from cs336sys.analysis.rounds import clocks_differ, paired_ratio, pool_rounds
+from cs336sys.analysis.rounds import clocks_differ, held_out_choice, paired_ratio, pool_rounds
 from cs336sys.analysis.verdicts import against_limit, all_of
 
 
@@ -196,3 +196,20 @@ def test_fsdp_in_rounds_is_judged_on_its_best_unit_with_the_default_beside_it(tm
     text = sh.render(ctx, tmp_path / "report")
     assert "| xl | 4 | step time at bf16 compute, ours with block units ÷ FSDP2 |" in text
     assert "within noise ≈" in text
+
+
+def test_the_fastest_of_several_is_judged_on_rounds_it_was_not_chosen_on():
+    """The committed xl bf16 2-rank job's two fastest bucket sizes against PyTorch's DDP (ms per round): the
+    fastest over all rounds (5000 MiB) reads 0.88-0.92 on its own rounds; chosen on two rounds and judged on the
+    third, round 2 gets 1000 MiB (faster over rounds 0 and 1) and reads 1.11."""
+    cands = [{"bucket_mb": 1000.0, "round_ms": [299.9, 295.9, 344.9]},
+             {"bucket_mb": 5000.0, "round_ms": [310.5, 307.9, 282.0]}]
+    ddp_ = {"round_ms": [336.1, 348.2, 310.8]}
+    r = held_out_choice(cands, ddp_)
+    assert r["picks"] == [5000.0, 5000.0, 1000.0] and r["held_out"] and r["rounds"] == 3
+    assert r["per_round"] == pytest.approx([310.5 / 336.1, 307.9 / 348.2, 344.9 / 310.8])
+    assert (r["lo"], r["hi"]) == pytest.approx((307.9 / 348.2, 344.9 / 310.8))
+    assert r["ratio"] == pytest.approx((310.5 + 307.9 + 344.9) / (336.1 + 348.2 + 310.8))
+    assert against_limit(r["lo"], r["hi"], 1.02) == "noise"
+    assert held_out_choice(cands, {"round_ms": [300.0]}) is None  # one round: nothing to hold out
+    assert held_out_choice([{"bucket_mb": 1.0, "round_ms": [1.0, 2.0]}], ddp_) is None  # rounds that do not pair
