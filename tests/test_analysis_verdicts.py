@@ -9,7 +9,9 @@ from cs336sys.analysis import ddp, ddp_steps, sharding
 from cs336sys.analysis.verdicts import (
     Comparison,
     at_most,
+    between_jobs,
     compare_times,
+    overlaps,
     slower,
     waits,
     within_noise,
@@ -109,3 +111,17 @@ def test_grid_time_cpu_only_and_target(tmp_path):
     (bench / "gloo-2.tsv").write_text("s\n1\n")
     g = ddp.grid_time([bench / "nccl-2.tsv", bench / "gloo-2.tsv"])
     assert (g["has_cpu_only"], g["ok"]) == (True, False)
+
+
+def test_two_jobs_ranges_agree_where_they_overlap():
+    assert overlaps((1.0, 1.1), (1.05, 1.2)) and overlaps((1.0, 1.1), (1.1, 1.2))  # the ends count
+    assert not overlaps((1.10, 1.22), (0.90, 1.04)) and not overlaps((0.90, 1.04), (1.10, 1.22))
+
+
+def test_a_verdict_two_jobs_disagree_on_is_within_the_noise():
+    """xl bf16 on 2 ranks: overlap over PyTorch DDP read 1.102-1.223 in one job (missed: above 1.10) and
+    0.900-1.039 in another of the same ranks: not reproducible between jobs, so neither met nor missed."""
+    assert between_jobs(False, (1.102, 1.223), [(0.900, 1.039)]) == "noise"
+    assert between_jobs(True, (0.95, 1.0), [(1.05, 1.1)]) == "noise"
+    assert between_jobs(False, (1.13, 1.14), [(1.12, 1.15)]) is False  # the other job agrees: kept
+    assert between_jobs(True, (0.95, 1.0), []) is True and between_jobs(None, (1.0, 1.1), [(2.0, 3.0)]) is None

@@ -49,11 +49,11 @@ class DDPContext(SectionContext):
     allreduce_fit_table: str | None = None
     """(12) Those fits as a table: o (µs) and w (GB/s) per backend and rank count."""
     allreduce_facts: list[dict] | None = None
-    """(12) Per backend and rank count: bus bandwidth and time at the smallest and largest size, the best."""
-    allreduce_all_grow: bool | None = None
-    """(12) Every curve's bus bandwidth grows from the smallest size to the largest."""
-    allreduce_flat_curves: dict | None = None
-    """(12) The curves that do not grow ("labels") and the verb their number takes ("verb")."""
+    """(12) Per backend and rank count: bus bandwidth at every size, whether it rises at every step in size, and
+    the share of the smallest size's time the fit's fixed cost explains."""
+    allreduce_shape: dict | None = None
+    """(12) The curves by shape: "rising" at every step in size and "not_rising" (with their bus bandwidths);
+    by the fit's fixed cost at the smallest size: "latency_bound", "some_fixed_cost", "no_fixed_cost"."""
     allreduce_nccl_worlds: dict[str, list[int]] | None = None
     """(12) NCCL's rank counts "measured", and gloo's it could not run ("missing": one GPU per rank)."""
     allreduce_compare: dict | None = None
@@ -74,9 +74,14 @@ class DDPContext(SectionContext):
     """How many interleaved rounds the jobs ran (each variant once a round), the distinct counts."""
     ddp_one_round: list[str] | None = None
     """The jobs measured in one round, before rounds ("size, dtype, N ranks")."""
+    ddp_no_clocks: list[str] | None = None
+    """The jobs whose points record no SM clock ("size, dtype, N ranks"): their clocks are not compared."""
     ddp_scaling: list[dict] | None = None
     """(12, 14) Per (size, dtype) measured at several rank counts: each variant's step and communication at
     each, and the ring all-reduce's prediction of the gradients' all-reduce from the measured bus bandwidth."""
+    ddp_none_across: dict | None = None
+    """(14) The no-communication step from one rank count to another: within the noise or beyond it, per (size,
+    dtype), and its largest move between two jobs of one rank count (`ddp_scaling.none_across`)."""
     ddp_host_jobs: list[dict] | None = None
     """(19) The "host" series' jobs apart: gradients as bucket views and single-rank proxies, each a table."""
     trace_rows: list[dict] | None = None
@@ -95,6 +100,9 @@ class DDPContext(SectionContext):
     """(17b) Each profiled step beside the benchmark's step of its variant, and its NCCL kernels' time."""
     trace_vs_bench: list[dict] | None = None
     """(17b) The same per variant: span over the benchmark's mean, kernel time against the bus bandwidth's bound."""
+    trace_order: dict | None = None
+    """(17b) Profiling's slowdown (the profiled spans over the benchmark's means, lowest and highest) and the
+    variants fastest first by profiled span and by benchmark mean ("differs" where the two orders disagree)."""
     trace_busbw_gbps: float | None = None
     """(17b) NCCL's bus bandwidth at its largest size with the traced ranks (GB/s); 0.0 without NCCL points."""
     trace_busbw_ranks: int | None = None

@@ -45,12 +45,14 @@ def host_jobs(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
                                    p["bucket_mb"] or 0.0))
         by = {p["key"]: p for p in points if p["status"] == "ok"}
         default, none = by.get(variant_key("torch_ddp", TORCH_DDP_DEFAULT_MB)), by.get("none")
-        rows = []
+        rows, ratios = [], {}
         for p in points:
             if p["status"] != "ok":
                 rows.append({"variant": p["label"], "step (ms)": p["status"]})
                 continue
             r = _ratio(p, default) if p["variant"] != "torch_ddp" else None
+            if r:
+                ratios[p["key"]] = {k: r[k] for k in ("ratio", "lo", "hi", "rounds")}
             calls = "" if p.get("all_reduces") is None else (
                 f"{p['all_reduces']}" + (f" ({p['in_backward']})" if p.get("in_backward") is not None else ""))
             rows.append({"variant": p["label"], "step (ms)": mean_std(p["mean_ms"], p["std_ms"], 1),
@@ -60,7 +62,10 @@ def host_jobs(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
         ok = g[g.status == "ok"]
         world = int(ok["world_size"].iloc[0]) if not ok.empty else (1 if is_proxy else None)
         name = f"ddp_host_{size}_{dtype}_" + ("proxy1" if is_proxy else f"ws{world}")
+        stamps = g["env.timestamp"].dropna() if "env.timestamp" in g else pd.Series(dtype=object)
         result.append({"size": size, "dtype": dtype, "proxy": bool(is_proxy), "world_size": world,
+                       "ratios": ratios, "dates": sorted({str(t)[:10] for t in stamps}),
+                       "none_ms": none["mean_ms"] if none is not None else None,
                        "table": save_table(pd.DataFrame(rows), out, name, digits=2)}
                       | ({"views": views} if (views := fastest_views(by, default)) else {}))
     ctx.ddp_host_jobs = result

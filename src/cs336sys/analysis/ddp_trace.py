@@ -52,9 +52,16 @@ def trace(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
     others = [r for r in rows if r["variant"] != "naive" and r["overlapped_share"] is not None]
     verdict: dict | None = None  # without both naive and another variant to compare
     if naive is not None and others:
-        verdict = {"naive_share": naive["overlapped_share"],
+        # what the profiled steps show beside the shares: a variant whose profiled step is longer than naive's,
+        # or whose exposed communication is more than naive's, did not gain in the trace what it overlapped
+        verdict = {"naive_share": naive["overlapped_share"], "naive_span_ms": naive["span_ms"],
+                   "naive_exposed_ms": naive["exposed_ms"],
                    "others": [{"label": r["label"], "share": r["overlapped_share"]} for r in others],
-                   "separates": all(r["overlapped_share"] > naive["overlapped_share"] for r in others)}
+                   "separates": all(r["overlapped_share"] > naive["overlapped_share"] for r in others),
+                   "longer_than_naive": [{"label": r["label"], "span_ms": r["span_ms"]} for r in others
+                                         if r["span_ms"] > naive["span_ms"]],
+                   "more_exposed_than_naive": [{"label": r["label"], "exposed_ms": r["exposed_ms"]} for r in others
+                                               if r["exposed_ms"] > naive["exposed_ms"]]}
     frame = pd.DataFrame(table)
     none_overlapped = all(r["overlapped_ms"] == 0 for r in rows)
     if none_overlapped:  # no variant ran any communication under compute: the text says so, no zero columns
@@ -62,7 +69,8 @@ def trace(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
     ctx.trace_rows, ctx.trace_verdict, ctx.trace_none_overlapped = rows, verdict, none_overlapped
     ctx.trace_table = save_table(frame, out, "ddp_trace_overlap", digits=2)
     ctx.trace_settings = {"size": first["size"], "dtype": first["dtype"], "tool": first.get("tool"),
-                          "context_length": int(first["context_length"]), "batch_size": int(first["batch_size"])}
+                          "context_length": int(first["context_length"]), "batch_size": int(first["batch_size"]),
+                          "date": str(first.get("env.timestamp") or "")[:10] or None}
     if summaries:
         ctx.trace_figure = timeline_figure(summaries, titles, out)
         ctx.trace_settings["source"] = summaries[0].get("source")
@@ -87,7 +95,7 @@ def trace_against_benchmark(ctx: DDPContext, frame: pd.DataFrame, out: Path) -> 
     ranks = int(largest["world_size"]) if largest is not None else None
     if ranks is not None and "world_size" in steps:  # the benchmark's job on as many ranks as the trace's
         steps = steps[steps["world_size"] == ranks]
-    table, facts = [], []
+    table, facts, bench_dates = [], [], set()
     for r in rows:
         same = steps[steps["variant"] == r["variant"]]
         if r["bucket_mb"] is not None:
@@ -95,11 +103,12 @@ def trace_against_benchmark(ctx: DDPContext, frame: pd.DataFrame, out: Path) -> 
         if same.empty:
             continue
         b = same.iloc[0]
+        bench_dates.add(str(b.get("env.timestamp") or "")[:10])
         row = {"variant": r["label"], "profiled step (ms)": r["span_ms"],
                "benchmark step (ms)": f"{b['mean_ms']:.2f} ± {b['std_ms']:.2f}",
                "profiled / benchmark (×)": r["span_ms"] / b["mean_ms"], "NCCL kernels (ms)": r["comm_ms"]}
         fact = {"label": r["label"], "ratio": r["span_ms"] / b["mean_ms"], "comm_ms": r["comm_ms"],
-                "grad_gib": float(b["grad_bytes"]) / 2**30}
+                "grad_gib": float(b["grad_bytes"]) / 2**30, "span_ms": r["span_ms"], "bench_ms": float(b["mean_ms"])}
         if busbw:
             # a ring all-reduce of S bytes over r ranks moves 2(r-1)/r S per rank: t = that / busbw
             bound = 2 * (ranks - 1) / ranks * float(b["grad_bytes"]) / (busbw * 1e9) * 1e3
@@ -112,8 +121,20 @@ def trace_against_benchmark(ctx: DDPContext, frame: pd.DataFrame, out: Path) -> 
         return
     ctx.trace_vs_bench_table = save_table(pd.DataFrame(table), out, "ddp_trace_vs_benchmark", digits=2)
     ctx.trace_vs_bench = facts
+    ctx.trace_order = trace_order(facts, sorted(bench_dates - {""}))
     ctx.trace_busbw_gbps = busbw or None  # None without NCCL points
     ctx.trace_busbw_ranks = ranks
+
+
+def trace_order(facts: list[dict], bench_dates: list[str]) -> dict:
+    """How much profiling lengthened the step ("slowdown": the lowest and highest profiled span over the
+    benchmark's mean of the same variant), and the variants ordered fastest first by the profiled span and by
+    the benchmark's mean: "differs" where the orders disagree, so the traces do not rank the variants."""
+    by_span = [f["label"] for f in sorted(facts, key=lambda f: f["span_ms"])]
+    by_bench = [f["label"] for f in sorted(facts, key=lambda f: f["bench_ms"])]
+    ratios = [f["ratio"] for f in facts]
+    return {"slowdown": [min(ratios), max(ratios)], "profiled": by_span, "benchmark": by_bench,
+            "differs": by_span != by_bench, "bench_dates": bench_dates}
 
 
 def timeline_figure(summaries: list[dict], titles: list[str], out: Path, name: str = "ddp_timeline") -> str:

@@ -11,6 +11,7 @@ every variant alike, and the rounds say how far a ratio of two variants moves fr
   round by round: the two ran minutes apart in each round, so the range is the comparison's own noise.
   A job of one round has no such range; its ratio gets the steps' standard error instead (two of them
   each way), which hides drifts between points and is named as such where it is shown.
+- `held_out_choice` picks the fastest of several variants on some rounds and judges it on the others.
 - `verdicts.against_limit` turns the range into met, missed or within noise.
 """
 
@@ -120,6 +121,28 @@ def paired_ratio(a: dict | pd.Series, b: dict | pd.Series) -> dict | None:
     steps = [max(len(x.get("step_ms") or []), 1) for x in (a, b)]
     se = ratio * math.sqrt(sum(r * r / n for r, n in zip(rel, steps, strict=True)))
     return {"ratio": ratio, "lo": ratio - 2 * se, "hi": ratio + 2 * se, "rounds": 1, "paired": False}
+
+
+def held_out_choice(candidates: list[dict], reference: dict) -> dict | None:
+    """The fastest of `candidates` (variants of one job, each with its rounds' means `round_ms`), chosen and
+    judged on different rounds: for each round, the candidate fastest over the job's other rounds, over
+    `reference` in the round left out. Choosing the fastest on the rounds it is then judged on favours it (the
+    winner of several noisy candidates is likely the luckiest); judged on a round it was not chosen on, it is
+    not. {"ratio": the picks' round means summed over the reference's, "lo", "hi": the range of the held-out
+    rounds' ratios, "picks": the candidate chosen for each round (its `bucket_mb`, else its index), "rounds",
+    "paired", "held_out": True}; None with fewer than two rounds, or rounds that do not pair."""
+    ref = reference.get("round_ms") or []
+    n = len(ref)
+    if n < 2 or not all(ref) or not candidates or any(len(c.get("round_ms") or []) != n for c in candidates):
+        return None
+    picks, ratios, ours = [], [], 0.0
+    for r in range(n):
+        best = min(candidates, key=lambda c: statistics.fmean(c["round_ms"][:r] + c["round_ms"][r + 1:]))
+        picks.append(best.get("bucket_mb", candidates.index(best)))
+        ratios.append(best["round_ms"][r] / ref[r])
+        ours += best["round_ms"][r]
+    return {"ratio": ours / sum(ref), "lo": min(ratios), "hi": max(ratios), "per_round": ratios, "picks": picks,
+            "rounds": n, "paired": True, "held_out": True}
 
 
 def clocks_differ(a: dict | pd.Series, b: dict | pd.Series, tolerance_mhz: float = CLOCK_TOLERANCE_MHZ) -> bool | None:

@@ -87,3 +87,19 @@ def all_of(verdicts: list[Verdict | None]) -> Verdict | None:
     if any(v is False for v in measured):
         return False
     return True if all(v is True for v in measured) else "noise"
+
+
+def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two ranges (low, high) share a value: two measurements of one comparison agree within their
+    spreads (the ends included)."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def between_jobs(verdict: Verdict | None, own: tuple[float, float],
+                 others: list[tuple[float, float]]) -> Verdict | None:
+    """A job's verdict on a range, given the ranges other jobs measured for the same comparison: kept where
+    every other range overlaps the job's; where one does not, the comparison is not reproducible between jobs
+    and its verdict is "noise" (neither met nor missed); None stays None."""
+    if verdict is None or all(overlaps(own, o) for o in others):
+        return verdict
+    return "noise"
