@@ -73,9 +73,17 @@ def _exposure(events: int, waited_after_first: int) -> dict:
 def test_forward_gathers_verdict():
     assert sharding.forward_gathers_verdict({"phases": {}}) is None  # no forward phase
     assert sharding.forward_gathers_verdict(_exposure(1, 0)) is None  # only the first gather
-    assert sharding.forward_gathers_verdict(_exposure(2, 0)) == {"later": 1, "waited": 0, "verdict": "none"}
+    assert sharding.forward_gathers_verdict(_exposure(2, 0)).items() >= {"later": 1, "waited": 0,
+                                                                          "verdict": "none", "answer": "yes"}.items()
     assert sharding.forward_gathers_verdict(_exposure(11, 5))["verdict"] == "at_most_half"
     assert sharding.forward_gathers_verdict(_exposure(11, 6))["verdict"] == "more_than_half"
+    # few gathers waited for, but most of their time with compute idle: not hidden, whatever the count says
+    exposed = _exposure(11, 1)
+    exposed["phases"]["forward"]["gathers"] |= {"total_us": 100.0, "exposed_us": 94.0}
+    fw = sharding.forward_gathers_verdict(exposed)
+    assert fw["verdict"] == "at_most_half" and fw["hidden"] is False and fw["answer"] == "not_hidden"
+    exposed["phases"]["forward"]["gathers"]["exposed_us"] = 30.0
+    assert sharding.forward_gathers_verdict(exposed)["answer"] == "mostly"
 
 
 def _p(variant: str, mean_ms: float, bucket_mb: float | None = None) -> dict:

@@ -46,16 +46,19 @@ PRESETS: dict[str, Hardware] = {h.name: h for h in [
         memory_source="2025 handout, communication_accounting (b): 95e9 bytes per v5p device"),
     Hardware(
         "h100", flops=743.9e12, bandwidth=450e9, memory=85_017_493_504,
-        flops_source="measured by this project: bf16 matmul peak (results/matmul_peak/bf16.json)",
-        bandwidth_source="NVIDIA H100 SXM datasheet: NVLink 4 at 900 GB/s both ways, 450 GB/s each way "
-                         "(not measured here)",
-        memory_source="measured: torch total_memory of the H100 80GB HBM3 (results/matmul_peak/*.json env)",
+        # Kept from the project's first H100 run: results/peak/bf16.json (an 8192-cube bf16 product) at
+        # commit f8644d05; results/matmul_peak/ now holds another GPU's (cs336sys.analysis.accounting reads
+        # a current result of a preset's GPU in place of its constants).
+        flops_source="measured on an NVIDIA H100 80GB HBM3 (2026-11-22), a constant since: bf16 8192-cube "
+                     "product, results/peak/bf16.json at commit f8644d05",
+        bandwidth_source="H100 SXM datasheet: NVLink 4, 450 GB/s each way",
+        memory_source="measured: total_memory in that result's env",
         copy_bandwidth=3.0e12, copy_source="measured by this project: device-to-device copy, about 3.0 TB/s"),
     Hardware(
         "h200", flops=989.4e12, bandwidth=450e9, memory=141e9,
         flops_source="NVIDIA H200 SXM datasheet: dense bf16 (not measured here)",
-        bandwidth_source="NVIDIA H200 SXM datasheet: NVLink 4 at 900 GB/s both ways, 450 GB/s each way "
-                         "(the all-reduces measured on 2 H200s are checked against it)",
+        bandwidth_source="H200 SXM datasheet: NVLink 4, 450 GB/s each way (our all-reduces are checked "
+                         "against it)",
         memory_source="NVIDIA H200 datasheet: 141e9 bytes",
         copy_bandwidth=4.3e12, copy_source="measured by this project: device-to-device copy, about 4.3 TB/s"),
 ]}

@@ -9,7 +9,7 @@ the checks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ import sympy as sp
 from cs336sys.accounting import checks, communication_accounting, questions, ring
 from cs336sys.accounting import communication as comm
 from cs336sys.accounting.compute import matmul_flops, model_values
-from cs336sys.accounting.hardware import PRESETS
+from cs336sys.accounting.hardware import PRESETS, Hardware, preset_for_gpu
 from cs336sys.accounting.memory import P_NORM, PARAMETER_CLASSES
 from cs336sys.accounting.symbols import D_FF, N_DP, N_FSDP, N_TP, B, C, D, N, S, W, evaluate, latex
 from cs336sys.analysis.common import environment_summary, results_frame, save_table
@@ -42,8 +42,34 @@ def _latex_tree(answers: dict) -> dict:
     return {k: {kk: latex(vv) for kk, vv in v.items()} for k, v in answers.items()}
 
 
-def _hardware_values(name: str) -> dict:
-    hw = PRESETS[name]
+def measured_presets(frame: pd.DataFrame) -> dict[str, Hardware]:
+    """The presets the section uses, in PRESET_ORDER: a GPU's with its C and memory read from the current
+    bf16 `matmul_peak` result measured on that GPU (the result's rate and its env's total memory) where one
+    exists; else the preset's constants, each with the source `cs336sys.accounting.hardware` gives it."""
+    out = {name: PRESETS[name] for name in PRESET_ORDER}
+    if frame.empty or "problem" not in frame or "dtype" not in frame:
+        return out
+    peaks = frame[(frame["problem"] == "matmul_peak") & (frame["dtype"] == "bf16") & (frame["status"] == "ok")]
+    for _, r in peaks.iterrows():
+        gpu = r.get("env.gpu")
+        preset = preset_for_gpu(gpu)
+        if preset is None or preset.name not in out or not r.get("tflops"):
+            continue
+        path = str(r.get("path", ""))
+        path = path[path.find("results/"):] if "results/" in path else path
+        day = str(r.get("env.timestamp") or "")[:10]
+        rounds = r.get("rounds")
+        how = f"median of {int(rounds)} rounds, " if isinstance(rounds, int | float) and rounds == rounds else ""
+        hw = replace(out[preset.name], flops=float(r["tflops"]) * 1e12,
+                     flops_source=f"measured on an {gpu} ({day}): bf16 8192-cube product, {how}{path}")
+        memory = r.get("env.gpu_memory_bytes")
+        if isinstance(memory, int | float) and memory == memory and memory > 0:
+            hw = replace(hw, memory=float(memory), memory_source="measured: total_memory in that result's env")
+        out[preset.name] = hw
+    return out
+
+
+def _hardware_values(hw: Hardware) -> dict:
     return {C: hw.flops, W: hw.bandwidth}
 
 
@@ -54,12 +80,13 @@ def _example_values() -> dict:
     return {D: m[d], D_FF: m[f], B: EXAMPLE["batch"] * EXAMPLE["context"]}
 
 
-def bounds_table(answers: dict) -> pd.DataFrame:
+def bounds_table(answers: dict, presets: dict[str, Hardware] | None = None) -> pd.DataFrame:
     """Largest device counts before each pass turns communication-bound, per hardware preset."""
     ex = _example_values()
+    presets = presets or {name: PRESETS[name] for name in PRESET_ORDER}
     rows = []
-    for name in PRESET_ORDER:
-        v = {**ex, **_hardware_values(name)}
+    for name, hw in presets.items():
+        v = {**ex, **_hardware_values(hw)}
         q = answers
         rows.append({
             "hardware": name, "C/W (tokens)": v[C] / v[W],
@@ -75,7 +102,7 @@ def bounds_table(answers: dict) -> pd.DataFrame:
 
 def times_table(answers: dict, hardware: str = "h100", n: int = EXAMPLE_DEVICES) -> pd.DataFrame:
     """One FFN layer of the example on n devices: compute and communication time of each pass."""
-    v = {**_example_values(), **_hardware_values(hardware), N_DP: n, N_FSDP: n, N_TP: n}
+    v = {**_example_values(), **_hardware_values(PRESETS[hardware]), N_DP: n, N_FSDP: n, N_TP: n}
     q = answers
     dp = q["data_parallel_calcs"]
     entries = [("DP", "backward", dp["backward_flops"], dp["backward_comm_time"]),
@@ -132,11 +159,20 @@ def fsdp_accounting_numbers(answers: dict, size: str = "2.7B", world: int = 2) -
             **{k: evaluate(q[k], vals) / 2**30 for k in ("ddp", "zero1", "fsdp", "saved_vs_ddp", "saved_vs_zero1")}}
 
 
-def hardware_context() -> dict:
-    return {name: {"flops_tflops": PRESETS[name].flops / 1e12, "bandwidth_gbps": PRESETS[name].bandwidth / 1e9,
-                   "memory_gib": PRESETS[name].memory / 2**30, "flops_source": PRESETS[name].flops_source,
-                   "bandwidth_source": PRESETS[name].bandwidth_source, "memory_source": PRESETS[name].memory_source}
-            for name in PRESET_ORDER}
+def hardware_context(presets: dict[str, Hardware] | None = None) -> dict:
+    """Each preset's figures and their sources; `flops_kind`: how C was had ("measured" from a current
+    result, "kept" a constant from an earlier measurement, "datasheet", "handout")."""
+    presets = presets or {name: PRESETS[name] for name in PRESET_ORDER}
+
+    def kind(source: str) -> str:
+        return ("kept" if "a constant since" in source else "measured" if source.startswith("measured")
+                else "datasheet" if "datasheet" in source else "handout")
+
+    return {name: {"flops_tflops": hw.flops / 1e12, "bandwidth_gbps": hw.bandwidth / 1e9,
+                   "memory_gib": hw.memory / 2**30, "flops_source": hw.flops_source,
+                   "flops_kind": kind(hw.flops_source),
+                   "bandwidth_source": hw.bandwidth_source, "memory_source": hw.memory_source}
+            for name, hw in presets.items()}
 
 
 @dataclass
@@ -150,7 +186,8 @@ class AccountingContext(SectionContext):
     example: dict = field(default_factory=dict)
     """The model, batch and context the FFN answers are evaluated for, with D, D_FF, B and the devices."""
     hardware: dict = field(default_factory=dict)
-    """Each hardware preset -> its TFLOP/s, GB/s, GiB and their sources."""
+    """Each hardware preset -> its TFLOP/s, GB/s, GiB, their sources and how C was had (`hardware_context`):
+    a GPU's figures from a current matmul_peak result of that GPU where one exists (`measured_presets`)."""
     bounds: dict = field(default_factory=dict)
     """Each preset -> the largest device counts before each pass is communication-bound."""
     times: list[dict] = field(default_factory=list)
@@ -204,12 +241,12 @@ def _formulas(ctx: AccountingContext, answers: dict) -> None:
     ctx.matmul_flops = latex(matmul_flops(m, k, n))
 
 
-def _ffn_example(ctx: AccountingContext, answers: dict, out: Path) -> None:
+def _ffn_example(ctx: AccountingContext, answers: dict, out: Path, presets: dict[str, Hardware]) -> None:
     """The 2026 FFN answers evaluated for the example on each hardware preset."""
     ex = _example_values()
     ctx.example = {**EXAMPLE, "D": ex[D], "D_FF": ex[D_FF], "B": ex[B], "devices": EXAMPLE_DEVICES}
-    ctx.hardware = hardware_context()
-    bounds = bounds_table(answers)
+    ctx.hardware = hardware_context(presets)
+    bounds = bounds_table(answers, presets)
     ctx.bounds = {r["hardware"]: {k: v for k, v in r.items() if k != "hardware"} for r in bounds.to_dict("records")}
     ctx.tables["bounds"] = save_table(bounds, out, "ffn_bounds", digits=1)
     times = times_table(answers)
@@ -254,7 +291,7 @@ def build(paths: list[Path], out: Path, **_: object) -> AccountingContext:
     answers = questions.all_answers()
     ctx = AccountingContext(env=environment_summary(frame), editions=EDITIONS, references=REFERENCES)
     _formulas(ctx, answers)
-    _ffn_example(ctx, answers, out)
+    _ffn_example(ctx, answers, out, measured_presets(frame))
     ctx.ring_sim = ring_simulation()
     ctx.fsdp_accounting = fsdp_accounting_numbers(answers)
     _communication_accounting(ctx, out)

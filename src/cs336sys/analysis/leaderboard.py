@@ -30,12 +30,21 @@ from cs336sys.analysis.context import SectionContext
 from cs336sys.analysis.formatting import mean_std
 from cs336sys.analysis.leaderboard_judgement import (
     ablation_rows,
+    ablation_table,
     entry_point,
     gap_to_baseline,
+    headline_cells,
     headline_rows,
     verdict_of,
 )
-from cs336sys.analysis.leaderboard_kernels import entry_time, kernel_gap, kernel_gap_table, kernels, kernels_table
+from cs336sys.analysis.leaderboard_kernels import (
+    entry_time,
+    gap_merged_share,
+    kernel_gap,
+    kernel_gap_table,
+    kernels,
+    kernels_table,
+)
 from cs336sys.analysis.leaderboard_proxy import offload_pairs, proxy_table
 from cs336sys.analysis.leaderboard_verdicts import (
     MEMORY_MATCH,
@@ -47,6 +56,7 @@ from cs336sys.analysis.leaderboard_verdicts import (
     native_points,
     public_reference,
     readme_claim,
+    runner_up,
     summary_rows,
     verdicts,
     why_kernels,
@@ -104,6 +114,9 @@ class LeaderboardContext(SectionContext):
     """(25) The fastest config of ours with any attention, labelled by the attention it uses."""
     entry: dict | None = None
     """(25) Our entry: the fastest config with only our own kernels, against the targets and its job's baseline."""
+    runner_up: dict | None = None
+    """(25) The fastest config of ours with another attention than the entry's, and whether it differs from the
+    entry beyond the noise (in the same job, the steps' spread; across jobs, identical configs' between-job spread)."""
     entry_time: dict | None = None
     """(25) Where our entry's step goes: kernel seconds by family, its products' rate, the recomputation's cost
     (`leaderboard_kernels.entry_time`)."""
@@ -117,6 +130,10 @@ class LeaderboardContext(SectionContext):
     """(25) The README's sentence about the 8B step, from `verdicts`."""
     largest_change: dict | None = None
     """(25, ablation) The ablation row whose change saves the most time against `ours`."""
+    largest_single_change: dict | None = None
+    """(25, ablation) Of the rows that change one setting, the one that saves the most beyond the noise."""
+    ablation_changed: list[int] = field(default_factory=list)
+    """(25, ablation) How many settings the ablation's rows change, each count once, smallest first."""
     reference: dict | None = None
     """(25) The public best set against ours by the share of each GPU's peak; None without a peak."""
     not_ok: list[str] | None = None
@@ -262,7 +279,8 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     _judge(ctx, rows, found, out)
     head = headline_rows(rows, ctx.verdict, ctx.entry, ctx.fastest, ctx.native)
     if head:
-        ctx.tables["entry"] = save_table(pd.DataFrame(head), out, "entry", digits=2)
+        ctx.tables["entry"] = save_table(pd.DataFrame(headline_cells(head)), out, "entry", digits=2,
+                                         data=pd.DataFrame(head))
     _ablation_table(ctx, rows, out)
     flops = model_flops(size, world_size, context_length)["total"] if size and context_length else None
     ctx.reference = public_reference(reference, flops, world_size, peak_tflops, ctx.entry)
@@ -272,7 +290,8 @@ def build(paths: list[Path], out: Path, size: str | None = None, context_length:
     if walls:
         ctx.job_wall_s = {p.stem: read_benchmark_tsv(p) for p in walls}
     ctx.summary = summary_rows(ctx.model["size"] if ctx.model else "8B", ctx.entry, ctx.fastest, ctx.natives or [],
-                               ctx.verdicts, ctx.entry and why_step(rows, ctx.entry, why_kernels(ctx.gap)))
+                               ctx.verdicts, ctx.entry and why_step(rows, ctx.entry, why_kernels(ctx.gap)),
+                               ctx.runner_up)
     if ctx.entry is not None and ctx.native is None:
         ctx.limitations.append(
             "The memory-matched PyTorch-native step "
@@ -349,10 +368,12 @@ def _judge(ctx: LeaderboardContext, rows: list[dict], found: list[dict], out: Pa
             by_family = kernel_gap(found, verdict)
             if by_family is not None:
                 gap["kernels"] = by_family
+                gap["merged_share"] = gap_merged_share(found, verdict)
                 ctx.tables["kernel_gap"] = kernel_gap_table(by_family, out)
             ctx.gap = gap
     ctx.fastest = fastest_point(rows)
     ctx.entry = entry_point(rows, ctx.floor_s)
+    ctx.runner_up = runner_up(rows, ctx.entry)
     ctx.entry_time = entry_time(found, ctx.entry, rows)
     ctx.natives = native_points(rows, ctx.entry)
     ctx.native = memory_matched(ctx.natives)
@@ -369,12 +390,8 @@ def _judge(ctx: LeaderboardContext, rows: list[dict], found: list[dict], out: Pa
 
 
 def _ablation_table(ctx: LeaderboardContext, rows: list[dict], out: Path) -> None:
-    """Every other config of ours against `ours` in the same job, and the largest change among them."""
+    """Every other config of ours against `ours` in the same job, and the largest changes among them."""
     ablation = ablation_rows(rows)
     if ablation:
-        ctx.largest_change = min(ablation, key=lambda a: a["change s"])
-        # the printed table names each row by what it changes (the config's name is that, spelt long; the CSV has both)
-        frame = pd.DataFrame([{"job": a["job"], "config": a["config"], "what changes": a["settings"],
-                               "step (s)": a["step s"], "change (s)": a["change s"], "× ours": a["vs ours"].rstrip("×"),
-                               "peak (GiB/GPU)": a["peak GiB/GPU"]} for a in ablation])
-        ctx.tables["ablation"] = save_table(frame.drop(columns="config"), out, "ablation", digits=3, data=frame)
+        ctx.largest_change, ctx.largest_single_change, ctx.ablation_changed, ctx.tables["ablation"] = (
+            ablation_table(ablation, out))

@@ -5,7 +5,11 @@ ablation of each optimisation, the headline table's rows."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import pandas as pd
+
+from cs336sys.analysis.common import save_table
 from cs336sys.analysis.leaderboard_verdicts import TARGET_STEP_S, TARGET_WALL_S, attention_label
 
 # A step is called bound by compute when no more than this share of it is communication that no
@@ -63,18 +67,38 @@ def gap_to_baseline(rows: list[dict], verdict: dict | None) -> dict | None:
 
 
 def ablation_rows(rows: list[dict]) -> list[dict]:
-    """Every other config of ours against `ours` timed in the same job."""
+    """Every other config of ours against `ours` timed in the same job: the settings it changes (and how
+    many), the change of the step, and whether that change is within the two steps' standard deviations."""
     ok = [r for r in rows if r["status"] == "ok"]
     out = []
     for job in dict.fromkeys(r["job"] for r in ok):
         ours = next((r for r in ok if r["job"] == job and r["name"] == "ours"), None)
         if ours is None:
             continue
-        out += [{"job": job, "config": r["name"], "settings": r["changes"], "step s": r["step_s"],
-                 "change s": r["step_s"] - ours["step_s"], "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×",
-                 "peak GiB/GPU": r["peak_gib"]}
+        out += [{"job": job, "config": r["name"], "settings": r["changes"], "changed": len(r["changes"].split(", ")),
+                 "step s": r["step_s"], "change s": r["step_s"] - ours["step_s"],
+                 "within_noise": abs(r["step_s"] - ours["step_s"]) <= r.get("std_s", 0.0) + ours.get("std_s", 0.0),
+                 "vs ours": f"{r['step_s'] / ours['step_s']:.3f}×", "peak GiB/GPU": r["peak_gib"]}
                 for r in ok if r["job"] == job and r["variant"] == "ours" and r is not ours]
     return out
+
+
+def ablation_table(ablation: list[dict], out: Path) -> tuple[dict, dict | None, list[int], str]:
+    """The ablation's largest saving, its largest single change beyond the noise, how many settings its rows
+    change, and its table: each row named by what it changes (the config's name is that, spelt long; the CSV
+    has both), a change within the two steps' spread marked."""
+    largest = min(ablation, key=lambda a: a["change s"])
+    single = [a for a in ablation if a["changed"] == 1 and not a["within_noise"]]
+    frame = pd.DataFrame([{"job": a["job"], "config": a["config"], "what changes": a["settings"],
+                           "step (s)": a["step s"], "change (s)": a["change s"], "× ours": a["vs ours"].rstrip("×"),
+                           "peak (GiB/GPU)": a["peak GiB/GPU"], "within noise": a["within_noise"]} for a in ablation])
+    cells = frame.drop(columns=["config", "within noise"]).assign(**{
+        "step (s)": [f"{x:.3f}" for x in frame["step (s)"]],
+        "change (s)": [f"{x:.2f}" + (" ≈" if n else "") for x, n in zip(frame["change (s)"], frame["within noise"],
+                                                                       strict=True)],
+        "peak (GiB/GPU)": [f"{x:.1f}" if x == x else "" for x in frame["peak (GiB/GPU)"]]})  # NaN: no reading
+    return (largest, min(single, key=lambda a: a["change s"]) if single else None,
+            sorted({a["changed"] for a in ablation}), save_table(cells, out, "ablation", digits=3, data=frame))
 
 
 def own_attention(row: dict) -> bool:
@@ -135,3 +159,14 @@ def headline_rows(rows: list[dict], verdict: dict | None, entry: dict | None, fa
                      "peak (GiB/GPU)": r["peak_gib"], "MFU (%)": 100 * r["mfu"] if r.get("mfu") else None,
                      "PaLM's MFU (%)": 100 * r["mfu_palm"] if r.get("mfu_palm") else None})
     return head
+
+
+def headline_cells(head: list[dict]) -> list[dict]:
+    """The headline table's printed cells: the step in seconds to the millisecond, peak and MFU to one
+    decimal (steps of one config move by a few per cent between jobs: more digits say nothing)."""
+    def cell(x, digits: int) -> str:
+        return "" if x is None or x != x else f"{x:.{digits}f}"
+
+    return [h | {"step (s)": cell(h["step (s)"], 3), "peak (GiB/GPU)": cell(h["peak (GiB/GPU)"], 1),
+                 "MFU (%)": cell(h["MFU (%)"], 1), "PaLM's MFU (%)": cell(h["PaLM's MFU (%)"], 1)} for h in head]
+

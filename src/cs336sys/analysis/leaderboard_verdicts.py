@@ -34,6 +34,46 @@ def fastest_point(rows: list[dict]) -> dict | None:
             "peak_gib": r["peak_gib"]}
 
 
+def job_spread(rows: list[dict]) -> dict | None:
+    """How far one config's step moves between jobs: of every config timed in more than one job, the one
+    whose fastest and slowest runs differ most (`spread`: slowest over fastest, less one). A comparison of two
+    configs across jobs is inside the noise when it differs by no more than that."""
+    runs: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            runs.setdefault(r["name"], []).append(r["step_s"])
+    widest = max(((name, min(v), max(v)) for name, v in runs.items() if len(v) > 1),
+                 key=lambda t: t[2] / t[1], default=None)
+    if widest is None:
+        return None
+    name, lo, hi = widest
+    return {"config": name, "lo_s": lo, "hi_s": hi, "spread": hi / lo - 1}
+
+
+def runner_up(rows: list[dict], entry: dict | None) -> dict | None:
+    """The fastest config of ours with another attention than the entry's, against the entry: in the same
+    job, beyond the two steps' standard deviations or within them; across jobs, within the between-job
+    spread of identical configs (`job_spread`) or beyond it."""
+    if entry is None:
+        return None
+    mine = next((r for r in rows if r["job"] == entry["job"] and r["name"] == entry["config"]), None)
+    others = [r for r in rows if r["status"] == "ok" and r["variant"] == "ours" and mine is not None
+              and r["attention"] != mine["attention"]]
+    if not others:
+        return None
+    r = min(others, key=lambda r: r["step_s"])
+    out = {"job": r["job"], "config": r["name"], "step_s": r["step_s"], "attention": attention_label(r),
+           "over_entry": r["step_s"] / mine["step_s"] - 1, "same_job": r["job"] == mine["job"],
+           "same_settings": r["with_sdpa"] == mine["with_sdpa"]}
+    if out["same_job"]:
+        out["within_noise"] = abs(r["step_s"] - mine["step_s"]) <= r.get("std_s", 0.0) + mine.get("std_s", 0.0)
+    else:
+        spread = job_spread(rows)
+        out["spread"] = spread
+        out["within_noise"] = spread is not None and abs(out["over_entry"]) <= spread["spread"]
+    return out
+
+
 def native_points(rows: list[dict], entry: dict | None) -> list[dict]:
     """Every PyTorch-native point timed in a job with our entry's config: its time, peak and the entry's
     time in that job (ratio above 1: the entry is faster), and whether its peak matches the entry's."""
@@ -100,17 +140,21 @@ def why_step(points: list[dict], entry: dict, fallback: str | None) -> str | Non
 
 
 def summary_rows(size: str, entry: dict | None, fastest: dict | None, natives: list[dict], v: dict,
-                 why: str | None) -> list[dict]:
-    """At most two rows: our entry against the step target (with the fastest config of any attention),
-    and the entry against the memory-matched PyTorch-native step (not measured: said so)."""
+                 why: str | None, second: dict | None = None) -> list[dict]:
+    """At most two rows: our entry against the step target (with the fastest config of any attention, or
+    where the entry is the fastest the runner-up with another attention and whether the two differ beyond
+    the noise), and the entry against the memory-matched PyTorch-native step (not measured: said so)."""
     native = memory_matched(natives)
     if entry is None:
         return []
     result = f"{entry['step_s']:.2f} s per step ({entry['attention']})"
     if fastest is not None and fastest["config"] != entry["config"]:
         result += f"; fastest with any attention: {fastest['step_s']:.2f} s ({fastest['attention']})"
-    else:
-        result += ", the fastest with any attention"
+    elif second is not None:
+        where = "same job" if second["same_job"] else "another job"
+        short = second["attention"].replace(" attention", "").replace(" via SDPA", "")  # "cuDNN's", "our Triton"
+        result += (f"; {short} {second['step_s']:.2f} s, {where}"
+                   + (": within noise" if second["within_noise"] else ""))
     rows = [{"part": f"{size} step, our entry: our kernels only ({entry['host']})", "result": result,
              "target": f"≤ {v['step']['target_s']:.1f} s", "met": v["step"]["met"], "ref": "lb-entry",
              "why": None if v["step"]["met"] else why}]

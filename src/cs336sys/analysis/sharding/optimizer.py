@@ -16,6 +16,7 @@ from cs336sys.accounting.symbols import N, evaluate
 from cs336sys.analysis.rounds import paired_ratio
 from cs336sys.analysis.sharding.shared import (
     DTYPE_BYTES,
+    PEAK_FIT_TOLERANCE,
     POINTS,
     STRATEGY,
     TARGETS,
@@ -88,6 +89,7 @@ def optimizer_size(size: str, g: pd.DataFrame, out: Path, targets: list[dict], u
                                   e["worst_ratio"], tol, within_tolerance(e["worst_ratio"], tol), world=world))
         info["variants"][r["variant"]] = e
     _step_times(info, rows.time)
+    info["forward_peak_fit"] = _forward_peak_fit(info)
     info["rounds_measured"] = max((e["rounds"] for e in info["variants"].values()), default=1)
     info["saving"] = _sharding_saving(info["variants"], size, world, u)
     worst = [e["worst_ratio"] for e in info["variants"].values() if e.get("worst_ratio") is not None]
@@ -139,6 +141,20 @@ def _variant_entry(r: pd.Series, u: dict) -> dict:
     e["first_step_peak"] = max(peaks) if peaks else None
     e["overall_peak"] = steady_state_peak(e["peak"], e["state"])
     return e
+
+
+def _forward_peak_fit(info: dict) -> dict | None:
+    """What the unsharded first step's peak up to the optimizer step holds, from the readings alone (no
+    timeline of the memory was recorded): the peak against the parameters plus the saved activations the
+    accounting counts for the batch. `no_gradients`: the peak is within `PEAK_FIT_TOLERANCE` of that sum and
+    below the sum with the gradients added, as a peak at the forward's end would be, before any gradient."""
+    un, acts = info["variants"].get("unsharded"), info.get("predicted_activations")
+    if not un or acts is None or None in (un["peak"]["before step"], un["params"], un["grads"]):
+        return None
+    peak = un["peak"]["before step"]
+    residual = peak - un["params"] - acts
+    return {"peak": peak, "params": un["params"], "grads": un["grads"], "activations": acts, "residual": residual,
+            "no_gradients": bool(0 <= residual <= PEAK_FIT_TOLERANCE * peak and residual < un["grads"])}
 
 
 def _allocator_row(e: dict, unit: str) -> dict:
@@ -202,10 +218,12 @@ def _step_times(info: dict, rows: list[dict]) -> None:
                      "median (ms)": cell(e["median_ms"], 2),
                      "round means (ms)": ", ".join(f"{m:.1f}" for m in e["round_ms"]) if e["rounds"] > 1 else "",
                      "÷ unsharded": cell(e["vs_unsharded"], 3), "÷ torch ZeRO": cell(e["vs_zero"], 3)})
-    un, sh = info["variants"].get("unsharded"), info["variants"].get("sharded")
-    info["sharded_vs_unsharded"] = (  # None where either did not run
-        compare_times(sh["mean_ms"], sh["std_ms"], un["mean_ms"], un["std_ms"]).as_dict()
-        if un and sh and un["mean_ms"] is not None and sh["mean_ms"] is not None else None)
+    un = info["variants"].get("unsharded")
+    for v in ("sharded", "zero"):  # None where either did not run
+        e = info["variants"].get(v)
+        info[f"{v}_vs_unsharded"] = (
+            compare_times(e["mean_ms"], e["std_ms"], un["mean_ms"], un["std_ms"]).as_dict()
+            if un and e and un["mean_ms"] is not None and e["mean_ms"] is not None else None)
     for v, status in info["statuses"].items():
         rows.append({"variant": VARIANT_LABEL.get(v, v), "step (ms)": status})
 
@@ -261,3 +279,21 @@ def _communication_volume(size: str, world: int, u: dict) -> dict:
            "zero_paper": sent(paper)}
     out["ours_over_ddp"] = out["ours"] / out["ddp"] if out["ddp"] else None
     return out
+
+
+def broadcast_cost(opt: list[dict]) -> dict:
+    """Whether the broadcasts themselves cost the step its time: per job, ours and ZeroRedundancyOptimizer
+    (which sends the same broadcasts) against the unsharded step (`compare_times`: beyond the steps' spread
+    or within it). `ours_slower`: the jobs where ours is slower than unsharded; of those, `zero_faster` where
+    ZeroRedundancyOptimizer is faster than unsharded in the same job (the cost is then our implementation's,
+    not the broadcasts' volume), `zero_slower` where it is slower too, `zero_within` where within the spread."""
+    def job(o: dict) -> dict:
+        return {"size": o["size"], "world": o["world"], "ours": o["sharded_vs_unsharded"]["ratio"],
+                "zero": o["zero_vs_unsharded"]["ratio"]}
+
+    both = [o for o in opt if o.get("sharded_vs_unsharded") and o.get("zero_vs_unsharded")]
+    slower = [o for o in both if o["sharded_vs_unsharded"]["slower"]]
+    return {"jobs": len(both), "ours_slower": len(slower),
+            "zero_faster": [job(o) for o in slower if o["zero_vs_unsharded"]["faster"]],
+            "zero_slower": [job(o) for o in slower if o["zero_vs_unsharded"]["slower"]],
+            "zero_within": [job(o) for o in slower if o["zero_vs_unsharded"]["within_noise"]]}

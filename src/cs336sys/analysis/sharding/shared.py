@@ -15,6 +15,8 @@ from cs336sys.analysis.formatting import fixed, number
 
 # Targets of the project's sharding issue (ratios of times measured in the same job).
 TARGETS = {"sharded_vs_zero": 1.05, "fsdp_vs_fsdp2_bf16": 1.05, "model_state_tolerance": 0.05}
+# A peak "fits" a sum of the accounting's terms when it is within this share of the peak above that sum.
+PEAK_FIT_TOLERANCE = 0.05
 VARIANTS = ("unsharded", "sharded", "zero")
 VARIANT_LABEL = {"unsharded": "unsharded", "sharded": "ours (sharded)", "zero": "torch ZeRO"}  # short, for tables
 STRATEGY = {"unsharded": "ddp", "sharded": "zero1", "zero": "zero1"}  # cs336sys.accounting.memory strategies

@@ -93,6 +93,7 @@ def gather_exposure(summary: dict, slack_us: float = WAIT_SLACK_US) -> dict | No
     if not compute_lanes:
         return None
     busy, gathers, others = [], [], []
+    gather_kernels, comm_merged = [], []  # kernels per gather event; (start, kernels) of every collective event
     gather_count = 0
     for name, lane, cat, start, dur, count in zip(ev["name"], ev["lane"], ev["category"], ev["start_us"],
                                                   ev["dur_us"], ev.get("count", [1] * len(ev["lane"])), strict=True):
@@ -102,8 +103,10 @@ def gather_exposure(summary: dict, slack_us: float = WAIT_SLACK_US) -> dict | No
                 busy.append(interval)
         elif cat == "communication":
             label = names[name] if isinstance(name, int) and name < len(names) else str(name)
+            comm_merged.append((interval[0], int(count)))
             if GATHER.search(label):
                 gathers.append(interval)
+                gather_kernels.append(int(count))
                 gather_count += int(count)
             else:
                 others.append(interval)
@@ -125,10 +128,15 @@ def gather_exposure(summary: dict, slack_us: float = WAIT_SLACK_US) -> dict | No
 
     def in_phase(lo: float, hi: float) -> dict:
         """The phase's gathers; `waited_after_first` leaves out its first, which nothing runs before
-        (ours issues the forward's first gathers as the forward starts)."""
-        inside = [w for (start, _), w in sorted(zip(gathers, waited, strict=True)) if lo <= start <= hi]
-        return {"events": len(inside), "waited": sum(inside), "waited_after_first": sum(inside[1:]),
-                **split(gathers, lo, hi)}
+        (ours issues the forward's first gathers as the forward starts). `kernels`: the kernels inside its
+        gather events, and `merged`: whether the summary merged any of its collectives with neighbours (an
+        event named for its longest kernel may then hold reduce-scatters too, so the counts are of events)."""
+        inside = sorted((start, w, k) for (start, _), w, k in zip(gathers, waited, gather_kernels, strict=True)
+                        if lo <= start <= hi)
+        flags = [w for _, w, _ in inside]
+        return {"events": len(inside), "waited": sum(flags), "waited_after_first": sum(flags[1:]),
+                "kernels": sum(k for _, _, k in inside),
+                "merged": any(lo <= a <= hi for a, k in comm_merged if k > 1), **split(gathers, lo, hi)}
 
     out = {"compute_lanes": sorted(summary["lanes"][i]["label"] for i in compute_lanes if i < len(summary["lanes"])),
            "gathers": {"count": gather_count, "events": len(gathers), "waited": sum(waited), **split(gathers)},
@@ -142,15 +150,30 @@ def gather_exposure(summary: dict, slack_us: float = WAIT_SLACK_US) -> dict | No
     return out
 
 
+# The forward's gathers count as hidden behind compute when at most this share of their time ran with the
+# compute lanes idle.
+HIDDEN_SHARE = 0.5
+
+
 def forward_gathers_verdict(exposure: dict) -> dict | None:
-    """Whether the forward's all-gathers after its first were complete when their layer wanted them:
-    how many came after the first (`later`), how many of those were waited for (`waited`), and `waits`'
-    verdict on the two. None where the forward had at most one gather, leaving nothing to judge."""
+    """Whether the forward's all-gathers were in time and hidden: how many came after the first (`later`),
+    how many of those were waited for (`waited`, and `waits`' verdict on the two), the share of the forward's
+    gather time that ran with the compute lanes idle (`exposed_share`) and whether it is at most
+    `HIDDEN_SHARE` (`hidden`; None without their times). `answer`: "late" where more than half were waited
+    for, else "not_hidden" where the gathers were not hidden, else "yes" where none was waited for, else
+    "mostly". None where the forward had at most one gather, leaving nothing to judge."""
     forward = exposure["phases"].get("forward")
     if forward is None or forward["gathers"]["events"] <= 1:
         return None
-    later, waited = forward["gathers"]["events"] - 1, forward["gathers"]["waited_after_first"]
-    return {"later": later, "waited": waited, "verdict": waits(waited, later)}
+    g = forward["gathers"]
+    later, waited = g["events"] - 1, g["waited_after_first"]
+    verdict = waits(waited, later)
+    exposed = g["exposed_us"] / g["total_us"] if g.get("total_us") else None
+    hidden = None if exposed is None else exposed <= HIDDEN_SHARE  # None: no gather time to judge
+    answer = ("late" if verdict == "more_than_half" else "not_hidden" if hidden is False
+              else "yes" if verdict == "none" else "mostly")
+    return {"later": later, "waited": waited, "verdict": verdict, "exposed_share": exposed, "hidden": hidden,
+            "answer": answer}
 
 
 def _timeline_dirs(paths: list[Path]) -> list[Path]:
@@ -168,9 +191,12 @@ def trace(df: pd.DataFrame, paths: list[Path], out: Path) -> dict | None:
     ok = df[df.status == "ok"] if not df.empty else df
     if not ok.empty:
         r = ok.iloc[0]
+        unit = r.get("unit")  # the trace's step is FSDPSettings' with its default unit, "layer", unless recorded
+        world = number(r.get("env.world_size"))
         info.update(size=r["size"], compute_dtype=r.get("compute_dtype"), tool=r.get("tool"),
                     totals={k: number(v) for k, v in (r.get("totals") or {}).items()},
-                    window_us=number(r.get("window_us")))
+                    window_us=number(r.get("window_us")), unit="layer" if unit is None or unit != unit else str(unit),
+                    world=int(world) if world else None)
     elif not df.empty:
         info["status"] = df.iloc[0]["status"]
     if not dirs:
@@ -193,6 +219,20 @@ def trace(df: pd.DataFrame, paths: list[Path], out: Path) -> dict | None:
         info["exposure"] = {k: v for k, v in exposure.items() if not k.startswith("_")}
         info["exposure"]["forward_gathers"] = forward_gathers_verdict(exposure)
     return info
+
+
+def timed_step(info: dict, fsdp: list[dict]) -> dict | None:
+    """The profiled step's setting timed without the profiler in the fsdp_step job of its size and rank count
+    (ours with the trace's unit and compute dtype, the mean over every round), and the profiled step's span
+    over it (the profiler's slow-down; the two are different jobs). None where that point did not run."""
+    span = (info.get("exposure") or {}).get("span_us") or (info.get("totals") or {}).get("span_us")
+    job = next((f for f in fsdp if f["size"] == info.get("size") and f["world"] == info.get("world")), None)
+    per = job and job["dtypes"].get(info.get("compute_dtype"))
+    unit = info.get("unit", "layer")
+    e = per and per["variants"].get("ours" if unit == "layer" else f"ours-{unit}")
+    if not e or e.get("mean_ms") is None or not span:
+        return None
+    return {"ms": e["mean_ms"], "span_over_step": span / 1e3 / e["mean_ms"]}
 
 
 def _timeline_figure(summary: dict, exposure: dict, info: dict, out: Path) -> str:
