@@ -133,8 +133,8 @@ def test_the_report_build_fails_on_a_lint_problem_and_names_it(tmp_path, capsys)
 def test_the_summary_shows_each_sections_first_rows_up_to_its_quota_and_the_conclusions_count_every_target(
         tmp_path):
     """At most 12 rows on the summary page (at most 2 from each distributed part and the leaderboard), each
-    section's first ones; a ratio within the noise reads "≈" (the caption says what it means) and counts as neither met nor
-    missed; the conclusions count every section's targets, shown or not."""
+    section's first ones; a ratio within the noise reads "≈" (the caption says what it means) and counts as
+    neither met nor missed; the conclusions count every section's targets, shown or not."""
     from cs336sys.report import MAX_SUMMARY_ROWS, SUMMARY_ROWS
 
     assert sum(SUMMARY_ROWS.values()) <= MAX_SUMMARY_ROWS and set(SUMMARY_ROWS) <= set(SECTIONS)
