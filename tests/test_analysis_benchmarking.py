@@ -332,7 +332,8 @@ def test_bf16_against_fp32_says_a_trend_with_size_only_where_the_series_has_one(
     """The section says the bf16 gain grows with size in busy time only where every size's busy-time ratio is
     above the one before, says the wall-time ratios do not follow size where they do not, and names the sizes
     whose bf16 train step keeps the GPU busy under the host-bound share."""
-    from cs336sys.analysis.benchmarking_speedups import HOST_BOUND_BUSY, rises
+    from cs336sys.analysis.benchmarking_speedups import HOST_BOUND_BUSY
+    from cs336sys.analysis.common import rises
 
     paths, ctx = built
     if not ctx.bf16_busy_train_speedup:

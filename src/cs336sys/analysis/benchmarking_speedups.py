@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from cs336sys.analysis.benchmarking_runs import MODE_LABEL
-from cs336sys.analysis.common import figure, gpu_model, save_figure, save_table, sort_rows
+from cs336sys.analysis.common import figure, gpu_model, rises, save_figure, save_table, sort_rows
 
 if TYPE_CHECKING:
     from cs336sys.analysis.benchmarking_context import BenchmarkingContext
@@ -68,11 +68,6 @@ def _slower_host_bound(e: pd.DataFrame) -> int:
     pair = e[e["dtype"] == "bf16"].merge(e[e["dtype"] == "fp32"][keys + ["mean_ms"]], on=keys, suffixes=("", "_fp32"))
     slower = pair[pair.mean_ms_fp32 < pair.mean_ms]
     return int((slower.busy_pct < 100 * HOST_BOUND_BUSY).sum())
-
-
-def rises(values: list[float]) -> bool:
-    """Whether a series, in size order, rises at every step (a trend the prose may then state)."""
-    return len(values) > 1 and all(b > a for a, b in zip(values, values[1:], strict=False))
 
 
 def precision_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, out: Path) -> None:

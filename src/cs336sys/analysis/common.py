@@ -216,6 +216,12 @@ def read_benchmark_tsv(path: Path) -> float:
 CLOCK, POWER = "clock (MHz)", "power (W)"
 
 
+def rises(values: list[float]) -> bool:
+    """Whether a series, in its order (size, k, ...), rises at every step: a trend the prose may then state.
+    False for fewer than two values (no step to rise over)."""
+    return len(values) > 1 and all(b > a for a, b in zip(values, values[1:], strict=False))
+
+
 def sm_clock(summary) -> float | None:
     """The median SM clock (MHz) of a `gpu_clocks.ClockSampler` summary (None: not sampled)."""
     value = summary.get("sm_clock_mhz") if isinstance(summary, dict) else None

@@ -6,16 +6,15 @@ records); the gloo points' environment line where they come from a CPU-only host
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from cs336sys.analysis.common import environment_summary, figure, log_axis, save_figure, save_table
+from cs336sys.analysis.common import environment_summary, figure, log_axis, rises, save_figure, save_table
 from cs336sys.analysis.ddp_model import fit_latency_bandwidth
-from cs336sys.analysis.formatting import human_bytes
+from cs336sys.analysis.formatting import human_bytes, significant
 
 if TYPE_CHECKING:
     from cs336sys.analysis.ddp_context import DDPContext
@@ -57,15 +56,6 @@ def gloo_environment(ctx: DDPContext, frame: pd.DataFrame) -> None:
     ctx.env, ctx.gloo_env = environment_summary(frame[~is_gloo]), env
 
 
-def _sig(x: float) -> str:
-    """About three significant digits, never in exponent notation (milliseconds, GB/s)."""
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 1 or x <= 0:
-        return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-    return f"{x:.{2 - math.floor(math.log10(x))}f}"
-
-
 def _backend_sort(df: pd.DataFrame) -> pd.DataFrame:
     key = df["backend"].map(lambda b: BACKEND_ORDER.index(b) if b in BACKEND_ORDER else len(BACKEND_ORDER))
     return df.assign(_b=key).sort_values(["_b", "world_size", "size_bytes"]).drop(columns="_b")
@@ -87,10 +77,10 @@ def allreduce(ctx: DDPContext, df: pd.DataFrame, out: Path) -> None:
         if r["status"] != "ok":
             rows.append(row | {"median (ms)": r["status"]})
             continue
-        rows.append(row | {"median (ms)": _sig(r["median_ms"]),
-                           "min–max (ms)": f"{_sig(r['min_ms'])}–{_sig(r['max_ms'])}",
+        rows.append(row | {"median (ms)": significant(r["median_ms"]),
+                           "min–max (ms)": f"{significant(r['min_ms'])}–{significant(r['max_ms'])}",
                            "calls": len(r["times_ms"]) if isinstance(r.get("times_ms"), list) else None,
-                           "algbw (GB/s)": _sig(r["algbw_gbps"]), "busbw (GB/s)": _sig(r["busbw_gbps"])})
+                           "algbw (GB/s)": significant(r["algbw_gbps"]), "busbw (GB/s)": significant(r["busbw_gbps"])})
     ok = df[df.status == "ok"]
     ctx.allreduce_table = save_table(pd.DataFrame(rows), out, "allreduce", digits=3)
     ctx.allreduce_busbw_factor = "2(r-1)/r"  # no fraction in running text
@@ -132,7 +122,7 @@ def _curve(backend: str, world: int, g: pd.DataFrame, o_s: float) -> dict:
             "small": human_bytes(small["size_bytes"]), "large": human_bytes(large["size_bytes"]),
             "small_busbw": busbw[0], "large_busbw": busbw[-1], "best_busbw": max(busbw), "busbw": busbw,
             "small_ms": float(small["median_ms"]), "large_ms": float(large["median_ms"]),
-            "rises": bool(len(busbw) > 1 and all(b > a for a, b in zip(busbw, busbw[1:], strict=False))),
+            "rises": rises(busbw),
             "o_share": o_s * 1e3 / float(small["median_ms"]) if small["median_ms"] > 0 else None}
 
 

@@ -43,6 +43,15 @@ def mean_std(mean: float, std: float, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def significant(x: float) -> str:
+    """About three significant digits, never in exponent notation (milliseconds, GB/s)."""
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 1 or x <= 0:
+        return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+    return f"{x:.{2 - math.floor(math.log10(x))}f}"
+
+
 def human_bytes(n: float) -> str:
     """A byte count in the largest binary unit it reaches: "1 GiB", "256 KiB", "512 B"."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

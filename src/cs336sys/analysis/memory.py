@@ -21,6 +21,7 @@ from cs336sys.analysis.common import (
     figure,
     read_benchmark_tsv,
     results_frame,
+    rises,
     save_figure,
     save_table,
 )
@@ -202,13 +203,13 @@ def _prediction_against_measured(sweep: list[dict], n: int, block: float, bounda
                                                    grads) / scale}
               for r in sweep if r["status"] == "oom" and capacity]
     return {"ks": [r["settings"]["checkpoint_blocks"] for r in ok], "gap": gap, "own_gap": own,
-            "gap_grows": all(b > a for a, b in zip(gap, gap[1:], strict=False)),
+            "gap_grows": rises(gap),
             "above": all(g > 0 for g in gap + own),
-            "baseline_rises": all(b > a for a, b in zip(bases, bases[1:], strict=False)),
+            "baseline_rises": rises(bases),
             "largest_baseline_k": ok[bases.index(largest)]["settings"]["checkpoint_blocks"],
             "capacity": capacity / scale if capacity else None,
             "oom_predicted_to_fit": [p for p in missed if p["predicted_largest"] * scale < capacity],
-            "steps": [min(steps), max(steps)], "steps_rise": all(b > a for a, b in zip(steps, steps[1:], strict=False))}
+            "steps": [min(steps), max(steps)], "steps_rise": rises(steps)}
 
 
 def _point_of(r: dict, scale: float) -> dict:
