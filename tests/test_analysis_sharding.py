@@ -495,3 +495,25 @@ def test_the_template_renders_an_empty_context(tmp_path):
     """As the report renders a section whose rule has not run: env, tables and figures only."""
     text = render({"env": {}, "tables": {}, "figures": {}}, tmp_path)
     assert "No results yet for this section" in text and "the steady-state peak" not in text
+
+
+def test_device_seconds_count_each_jobs_own_ranks(tmp_path):
+    """A 4-rank, a 2-rank and a one-rank proxy job of one experiment, the 2-rank job's name a prefix of the others: each job's wall time is multiplied
+    by its own ranks, not by the experiment's largest (which once counted the proxy as 4 GPUs)."""
+    import pandas as pd
+
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    walls = {"xl-ws4": 10.0, "xl": 20.0, "xl-proxy": 40.0}  # "xl" (2 ranks) is a prefix of the others
+    tsvs = []
+    for job, wall in walls.items():
+        tsv = tmp_path / "benchmarks" / "fsdp_step" / f"{job}.tsv"
+        tsv.parent.mkdir(parents=True, exist_ok=True)
+        tsv.write_text(header + f"{wall}\t0:00:10\t1\t1\t1\t1\t0\t0\t1\t1\n")
+        tsvs.append(tsv)
+    frame = pd.DataFrame({"problem": ["fsdp_step"] * 3,
+                          "path": [f"results/fsdp_step/{j}/ours.json" for j in walls],
+                          "env.world_size": [4, 2, None]})
+    t = sharding._machine_time(tsvs, frame)
+    e = t["experiments"]["fsdp_step"]
+    assert e["jobs"] == 3 and e["wall_s"] == pytest.approx(70.0)
+    assert e["device_s"] == pytest.approx(4 * 10 + 2 * 20 + 1 * 40) and t["device_s"] == e["device_s"]

@@ -230,23 +230,25 @@ def _formulas() -> dict:
 
 def _machine_time(paths: list[Path], frame: pd.DataFrame) -> dict | None:
     """Wall seconds of each job (Snakemake's benchmark record) by experiment, and device-seconds:
-    wall time times the ranks of the job (its GPUs on the main grid)."""
+    each job's wall time times its own ranks (its GPUs on the main grid), read from the results it wrote
+    (results/<experiment>/<job>/ for benchmarks/<experiment>/<job>.tsv; one rank where none says)."""
     records = [p for p in paths if p.suffix == ".tsv"]
     if not records:
         return None
-    ranks = {}
-    if not frame.empty and "env.world_size" in frame:  # the process group's size, recorded by every rank's result
-        for name, g in frame.groupby("problem"):
-            if g["env.world_size"].notna().any():
-                ranks[name] = int(g["env.world_size"].max())
+    sized = frame[frame["env.world_size"].notna()] if "env.world_size" in frame else pd.DataFrame()
     experiments: dict[str, dict] = {}
     for p in records:
         name = p.parent.name if p.parent.name in EXPERIMENTS else p.stem
-        e = experiments.setdefault(name, {"jobs": 0, "wall_s": 0.0, "ranks": ranks.get(name, 1)})
+        # the job's own folder or file: "xl/" must not match "xl-ws4/"
+        where = (f"/{name}/{p.stem}/", f"/{name}/{p.stem}.json") if name != p.stem else (f"/{name}/", f"/{name}.json")
+        mine = sized[sized["path"].map(lambda s: any(w in "/" + s for w in where))] if not sized.empty else sized
+        ranks = int(mine["env.world_size"].max()) if not mine.empty else 1
+        e = experiments.setdefault(name, {"jobs": 0, "wall_s": 0.0, "device_s": 0.0, "ranks": 0})
+        wall = read_benchmark_tsv(p)
         e["jobs"] += 1
-        e["wall_s"] += read_benchmark_tsv(p)
-    for e in experiments.values():
-        e["device_s"] = e["wall_s"] * e["ranks"]
+        e["wall_s"] += wall
+        e["device_s"] += wall * ranks
+        e["ranks"] = max(e["ranks"], ranks)
     order = {n: i for i, n in enumerate(EXPERIMENT_NAMES)}
     experiments = dict(sorted(experiments.items(), key=lambda kv: order.get(kv[0], len(order))))
     return {"experiments": experiments, "jobs": sum(e["jobs"] for e in experiments.values()),
