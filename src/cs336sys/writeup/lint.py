@@ -49,8 +49,9 @@ _GLUED_ITEM = re.compile(r"(?<=[.):;!?])(?:-|\d{1,2}\.)\s+\S")  # "unchanged).- 
 # "figures.)**2.7B", "bf16's.[Section 9]", "(0.99×)(the course's", "(listed above)and no longer"
 _GLUED_PARAGRAPH = re.compile(r"\.\)(?=[^\s,;:.)\]|'\"\u2019])|(?<=[\w'\u2019)])\.\["
                               r"|\)\((?=[A-Za-z])|(?<=[\w.])\)(?=[A-Za-z]{2})")
-# "every sequence length.At short sequences": a word, its full stop, and the next sentence's (not a dotted name)
-_GLUED_SENTENCE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*\.(?=[A-Z][a-z]*\s+[a-z])")
+# "every sequence length.At short sequences", "2.7B 95.0 ms (1.09×, within).The FLOPs": a word or a closing
+# bracket, its full stop, and the next sentence's (not a dotted name)
+_GLUED_SENTENCE = re.compile(r"(?<![\w.])[a-z][a-z0-9]*\.(?=[A-Z][a-z]*\s+[a-z])|\)\.(?=[A-Z][a-z]*\s)")
 # "save 10.87 to 21.21 GiB(73% to 81%", "on this machine(met by construction": a unit or a word glued to the
 # bracket after it (a template's line break eaten)
 _GLUED_UNIT = re.compile(r"\d\s?(?:GiB|MiB|KiB|GB/s|TFLOP/s|ms|µs|MHz|%|×)\((?!s\))|(?<=[a-z]{4})\((?=[a-z]+ [a-z])")
