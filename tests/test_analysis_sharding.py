@@ -498,8 +498,9 @@ def test_the_template_renders_an_empty_context(tmp_path):
 
 
 def test_device_seconds_count_each_jobs_own_ranks(tmp_path):
-    """A 4-rank, a 2-rank and a one-rank proxy job of one experiment, the 2-rank job's name a prefix of the others: each job's wall time is multiplied
-    by its own ranks, not by the experiment's largest (which once counted the proxy as 4 GPUs)."""
+    """A 4-rank, a 2-rank and a one-rank proxy job of one experiment, the 2-rank job's name a prefix of the
+    others: each job's wall time is multiplied by its own ranks, not by the experiment's largest (which once
+    counted the proxy as 4 GPUs)."""
     import pandas as pd
 
     header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"

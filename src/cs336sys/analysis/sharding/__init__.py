@@ -240,8 +240,9 @@ def _machine_time(paths: list[Path], frame: pd.DataFrame) -> dict | None:
     for p in records:
         name = p.parent.name if p.parent.name in EXPERIMENTS else p.stem
         # the job's own folder or file: "xl/" must not match "xl-ws4/"
-        where = (f"/{name}/{p.stem}/", f"/{name}/{p.stem}.json") if name != p.stem else (f"/{name}/", f"/{name}.json")
-        mine = sized[sized["path"].map(lambda s: any(w in "/" + s for w in where))] if not sized.empty else sized
+        job = f"/{name}/{p.stem}" if name != p.stem else f"/{name}"
+        mine = sized[("/" + sized["path"]).str.contains(f"{job}/", regex=False)
+                     | ("/" + sized["path"]).str.endswith(f"{job}.json")] if not sized.empty else sized
         ranks = int(mine["env.world_size"].max()) if not mine.empty else 1
         e = experiments.setdefault(name, {"jobs": 0, "wall_s": 0.0, "device_s": 0.0, "ranks": 0})
         wall = read_benchmark_tsv(p)
