@@ -104,6 +104,14 @@ def test_the_section_shows_the_rounds_and_the_summary_judges_them(tmp_path):
     assert "**In interleaved rounds** (" in text
     assert "3 rounds in one process, each starting one implementation later" in text
     assert "| ours (Triton) |" in text and "1.10× (1.05–1.15)" in text
+    assert "more than 30 MHz apart, and no pair here is." in text  # every side at 1,755 MHz
+    times = {"sdpa_cudnn": [(10.0, 40.0)] * 3, "ours": [(11.0, 50.0)] * 3, "gluon_bwd": [(9.0, 38.0)] * 3}
+    apart = rounds(_frame(times, {"ours": 1890.0, "gluon_bwd": 1770.0}), tmp_path)
+    assert apart["clocks_apart"] == [{"gpu": "H200", "edition": "2026", "label": "ours (Triton)", "mhz": 1890.0,
+                                      "cudnn_mhz": 1755.0}]  # 15 MHz apart is within the rule
+    text = report.render_section("attention", context | {"lb_rounds": apart}, repo / "writeup/templates")
+    assert ("more than 30 MHz apart: ours (Triton) against cuDNN, 2026 on H200 (1,890 against 1,755 MHz); every "
+            "other pair ran within it.") in text
     ctx = AttentionContext(env={}, lb_rounds=lb_rounds)
     assert rounds_limitation(ctx) == []
     triton, gluon = _summary(ctx)

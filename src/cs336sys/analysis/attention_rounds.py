@@ -13,7 +13,7 @@ import pandas as pd
 
 from cs336sys.analysis.common import gpu_model, save_table
 from cs336sys.analysis.formatting import number
-from cs336sys.analysis.rounds import clocks_differ, paired_ratio
+from cs336sys.analysis.rounds import CLOCK_TOLERANCE_MHZ, clocks_differ, paired_ratio
 from cs336sys.analysis.verdicts import Verdict, against_limit, all_of
 
 BASELINE = "sdpa_cudnn"  # every ratio is an implementation's time over SDPA's cuDNN backend's
@@ -102,9 +102,14 @@ def rounds(df: pd.DataFrame, out: Path) -> dict | None:
     # a column with one value in every row goes to the caption (`gpus`, `rounds`)
     frame = frame.drop(columns=[c for c in ("status", "GPU", "rounds") if frame[c].nunique() == 1
                                 and (c != "status" or (frame[c] == "ok").all())])
+    # the comparisons whose two sides ran at different clocks, by the rule `rounds.clocks_differ` applies
+    apart = [{"gpu": e["gpu"], "edition": e["edition"], "label": LABELS.get(impl, impl),
+              "mhz": c["clock_mhz"]["impl"], "cudnn_mhz": c["clock_mhz"]["baseline"]}
+             for e in editions for impl, c in e["impls"].items() if c["clocks_differ"]]
     return {"table": save_table(frame, out, "leaderboard_rounds", digits=3), "editions": editions,
             "rounds": max(e["rounds"] for e in editions), "gpus": sorted({e["gpu"] for e in editions}),
-            "same_rounds": len({e["rounds"] for e in editions}) == 1}
+            "same_rounds": len({e["rounds"] for e in editions}) == 1,
+            "clock_tolerance_mhz": CLOCK_TOLERANCE_MHZ, "clocks_apart": apart}
 
 
 def summary_row(ctx_rounds: dict | None, impls: tuple[str, ...]) -> dict | None:
