@@ -244,12 +244,11 @@ def _machine_time(paths: list[Path], frame: pd.DataFrame) -> dict | None:
         mine = sized[("/" + sized["path"]).str.contains(f"{job}/", regex=False)
                      | ("/" + sized["path"]).str.endswith(f"{job}.json")] if not sized.empty else sized
         ranks = int(mine["env.world_size"].max()) if not mine.empty else 1
-        e = experiments.setdefault(name, {"jobs": 0, "wall_s": 0.0, "device_s": 0.0, "ranks": 0})
+        e = experiments.setdefault(name, {"jobs": 0, "wall_s": 0.0, "device_s": 0.0})
         wall = read_benchmark_tsv(p)
         e["jobs"] += 1
         e["wall_s"] += wall
         e["device_s"] += wall * ranks
-        e["ranks"] = max(e["ranks"], ranks)
     order = {n: i for i, n in enumerate(EXPERIMENT_NAMES)}
     experiments = dict(sorted(experiments.items(), key=lambda kv: order.get(kv[0], len(order))))
     return {"experiments": experiments, "jobs": sum(e["jobs"] for e in experiments.values()),
