@@ -310,6 +310,39 @@ def test_bus_bandwidth_target_misses_when_one_gib_falls_short(tmp_path):
     assert "nominal" not in t
 
 
+def test_the_curves_by_shape_in_the_prose(tmp_path):
+    """Three sweeps made for the sentence's branches: a fixed cost most of the smallest call's time (o large),
+    none (o = 0, a bus bandwidth flat in size, and falling at 1 GiB, whose call is slower than its bandwidth),
+    and some (o under half); the curve that does not rise is named with its values."""
+    sizes = [2**20, 10 * 2**20, 100 * 2**20, 2**30]
+    _allreduce(tmp_path, "nccl", 2, sizes, 1e-4, 3e11, H200_ENV, nominal=477.0)  # o: 1e-4 s against 3.5e-6
+    _allreduce(tmp_path, "gloo", 2, sizes, 0.0, 1e9, H200_ENV, busbw_1g_factor=1.5)
+    _allreduce(tmp_path, "gloo", 4, sizes, 2e-4, 1e9, H200_ENV)  # o: 0.2 ms of the 1 MiB call's 1.25 ms
+    ctx = ddp.build(sorted((tmp_path / "results").rglob("*.json")), tmp_path)
+    shape = as_json(ctx)["allreduce_shape"]
+    assert shape["latency_bound"] == ["nccl with 2 ranks"]
+    assert shape["no_fixed_cost"] == ["gloo with 2 ranks"] and shape["some_fixed_cost"] == ["gloo with 4 ranks"]
+    assert shape["rising"] == ["nccl with 2 ranks", "gloo with 4 ranks"]
+    assert [c["label"] for c in shape["not_rising"]] == ["gloo with 2 ranks"]
+    text = " ".join(render(ctx, tmp_path).split())
+    busbw = ", ".join(f"{b:.2f}" for b in shape["not_rising"][0]["busbw"])
+    assert (f"Bus bandwidth rises at every step in size for nccl with 2 ranks, gloo with 4 ranks; it does not "
+            f"for gloo with 2 ranks ({busbw} GB/s).") in text
+    assert ("For nccl with 2 ranks the fit puts most of the smallest size's time in $o$" in text
+            and "for gloo with 2 ranks it finds no fixed cost; for gloo with 4 ranks its $o$ is under half" in text)
+
+
+def test_every_curve_rising_is_said_once(tmp_path):
+    sizes = [2**20, 10 * 2**20, 100 * 2**20, 2**30]
+    _allreduce(tmp_path, "nccl", 2, sizes, 1e-4, 3e11, H200_ENV, nominal=477.0)
+    _allreduce(tmp_path, "gloo", 2, sizes, 2e-4, 1e9, H200_ENV)
+    ctx = ddp.build(sorted((tmp_path / "results").rglob("*.json")), tmp_path)
+    assert as_json(ctx)["allreduce_shape"]["not_rising"] == []
+    text = " ".join(render(ctx, tmp_path).split())
+    assert "Bus bandwidth rises at every step in size on every curve." in text
+    assert "rises at every step in size for" not in text and "it does not for" not in text
+
+
 def test_ddp_targets_meet_and_miss(gpu_section):
     _, ctx, _ = gpu_section
     jobs = {j["name"]: j for j in ctx.ddp_jobs}
