@@ -112,7 +112,14 @@ def _default(module: str, node: ast.expr | None) -> object:
 
 
 def _knobs(module: str, cls: ast.ClassDef) -> dict[str, Knob]:
+    """The fields of a settings dataclass, those of the classes it derives from first (a dataclass's
+    field order); a base that is not one of our classes (none is) adds nothing."""
     knobs: dict[str, Knob] = {}
+    for base in cls.bases:
+        try:
+            knobs.update(_knobs(*_find_class(module, ast.unparse(base))))
+        except ValueError:
+            continue
     body = cls.body
     for i, node in enumerate(body):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):

@@ -83,6 +83,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("warmup", "cs336sys.bench:run_warmup_point", "benchmarking"),
     Experiment("matmul_peak", "cs336sys.peak:run_point", "benchmarking"),
     Experiment("optimized_step", "cs336sys.bench_optimized:run_point", "benchmarking"),
+    Experiment("optimized_step_rounds", "cs336sys.bench_optimized_rounds:run_point", "benchmarking"),
     Experiment("mixed_precision_accumulation", "cs336sys.precision:run_accumulation_point", "precision"),
     Experiment("autocast_dtypes", "cs336sys.precision:run_autocast_dtypes_point", "precision"),
     Experiment("kernel_profile", "cs336sys.profiling.experiments:run_kernel_profile", "profiling"),

@@ -63,13 +63,6 @@ if not GLUON["gpus"]:
     experiment_job("flash_leaderboard_gluon", "", [], [])  # declared; the main grid has no points until measured
 
 
-def rotated_rounds(points, rounds):
-    """Every point once a round, round r starting from the r-th point (ABCD BCDA CDAB): the implementations
-    alternate in time, so a drift of the GPU falls on all of them, and none always follows the same one, so
-    what one leaves behind (a hot GPU, a lower clock) is not charged to its successor in every round."""
-    return [p | {"round": r} for r in range(rounds) for p in points[r % len(points) :] + points[: r % len(points)]]
-
-
 # The comparisons of the summary in interleaved rounds, one job per (GPU model, shape): every implementation
 # once a round, in one process (cs336sys.attention.bench_rounds). Jobs under `pending` wait in the overlay next.
 ROUNDS = LB.get("rounds") or {"gpus": []}

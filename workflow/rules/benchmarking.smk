@@ -83,9 +83,29 @@ for size in OPT["sizes"]:
 if not OPT["sizes"]:
     experiment_job("optimized_step", "", [], [])  # declared; the main grid has no points until measured
 
+# The same series in interleaved rounds (cs336sys.bench_optimized_rounds): per size under `rounds`, every
+# configuration once a round, `count` rounds in one process, round r starting from the r-th configuration.
+OPT_ROUNDS = OPT.get("rounds") or {"sizes": []}
+for size in OPT_ROUNDS["sizes"]:
+    techniques, variants = [], []
+    for name in OPT.get("series", []):
+        if (size, name) in PENDING:
+            continue  # as in the one-pass series
+        techniques = techniques + ([] if name == "plain" else [name])
+        variants.append(point("optimized_step_rounds", OPT, size=size, configuration=name, techniques=techniques))
+    points = rotated_rounds(variants, OPT_ROUNDS["count"])
+    experiment_job(
+        "optimized_step_rounds",
+        size,
+        points,
+        [f"results/optimized_step_rounds/{size}/{p['configuration']}-r{p['round']}.json" for p in points],
+    )
+if not OPT_ROUNDS["sizes"]:
+    experiment_job("optimized_step_rounds", "", [], [])  # declared; points in the overlay next until measured
+
 section(
     "benchmarking",
     # the pipeline-overhead table reads every job's wall-clock record
-    results_of("benchmarking", "warmup", "matmul_peak", "optimized_step")
+    results_of("benchmarking", "warmup", "matmul_peak", "optimized_step", "optimized_step_rounds")
     + timings_of("benchmarking", "warmup", "matmul_peak", "mixed_precision_accumulation", "autocast_dtypes"),
 )

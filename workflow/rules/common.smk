@@ -135,6 +135,13 @@ def setting(experiment, block, name):
         raise WorkflowError(str(e)) from None
 
 
+def rotated_rounds(points, rounds):
+    """Every point once a round, round r starting from the r-th point (ABCD BCDA CDAB): the variants
+    alternate in time, so a drift of the GPU falls on all of them, and none always follows the same one, so
+    what one leaves behind (a hot GPU, a lower clock) is not charged to its successor in every round."""
+    return [p | {"round": r} for r in range(rounds) for p in points[r % len(points) :] + points[: r % len(points)]]
+
+
 def jobs_of(experiment):
     return [j for j in EXPERIMENT_JOBS if j.experiment == experiment]
 

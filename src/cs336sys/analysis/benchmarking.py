@@ -27,6 +27,7 @@ from cs336sys.analysis.common import (
     sort_rows,
 )
 from cs336sys.analysis.formatting import mean_std
+from cs336sys.analysis.optimized_rounds import optimized_rounds
 from cs336sys.analysis.optimized_step import optimized_step, summary_rows
 
 
@@ -84,6 +85,7 @@ def build(paths: list[Path], out: Path, **_: object) -> BenchmarkingContext:
     warmup(ctx, warm, out)
     overhead(ctx, paths, bench, warm, out)
     ctx.optimized = optimized_step(frame, ctx.ceilings, out)  # None without the series' results
+    ctx.optimized_rounds = optimized_rounds(frame, out)  # None without the series in rounds
     if not ok.empty:
         ctx.figures["times"] = _times_figure(ok, out)
     ctx.summary = _summary(ctx)

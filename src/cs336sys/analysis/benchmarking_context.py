@@ -133,6 +133,8 @@ class BenchmarkingContext(SectionContext):
     # every technique in one step
     optimized: dict | None = None
     """The optimised-step series against its roofline (`analysis.optimized_step`); absent without results."""
+    optimized_rounds: dict | None = None
+    """The same series in interleaved rounds (`analysis.optimized_rounds`); absent without results."""
     summary: list[dict] = field(default_factory=list)
     """The section's lines of the report's summary page."""
     limitations: list[str] = field(default_factory=list)

@@ -56,7 +56,9 @@ def _copy_bandwidth(row) -> tuple[float | None, str]:
     return (float(measured), "measured with the point") if measured and measured == measured else (None, "")
 
 
-def _roofline_ms(row, matmul_flops_per_s: float | None) -> tuple[float | None, str]:
+def roofline_ms(row, matmul_flops_per_s: float | None) -> tuple[float | None, str]:
+    """A point's step roofline (ms) at this matmul ceiling and its GPU's copy bandwidth, and where that
+    bandwidth came from; (None, "") without either."""
     bandwidth, source = _copy_bandwidth(row)
     if not matmul_flops_per_s or not bandwidth:
         return None, ""
@@ -92,12 +94,12 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
                "graphed": "cuda_graph" in list(r.get("techniques") or [])}
         if r["status"] == "ok":
             phases = r["phase_median_ms"]
-            roof, source = _roofline_ms(r, matmul_flops_per_s)
+            roof, source = roofline_ms(r, matmul_flops_per_s)
             step_clock = sm_clock(r.get("step_clocks"))
             ceiling_clock = sm_clock(r.get("matmul_clocks")) if own else None
             at_clock = (matmul_flops_per_s * step_clock / ceiling_clock
                         if matmul_flops_per_s and step_clock and ceiling_clock else None)
-            row.update({"roofline_at_clock_ms": _roofline_ms(r, at_clock)[0], "ceiling_clock_mhz": ceiling_clock,
+            row.update({"roofline_at_clock_ms": roofline_ms(r, at_clock)[0], "ceiling_clock_mhz": ceiling_clock,
                         "step_clock_mhz": step_clock})
             row.update({"forward_backward_ms": phases["forward_backward"], "optimizer_ms": phases["optimizer_step"],
                         "step_ms": r["median_ms"], "std_ms": r.get("std_ms"), "roofline_ms": roof,
