@@ -70,13 +70,22 @@ OPT = GRID.get("optimized_step") or {"sizes": []}
 PENDING = {(str(size), name) for size, name in OPT.get("pending", [])}  # not measured yet
 if unknown := sorted(p for p in PENDING if p[1] not in OPT.get("series", [])):
     raise ValueError(f"optimized_step.pending names configurations not in the series: {unknown}")
-for size in OPT["sizes"]:
+
+
+def series_points(experiment, size):
+    """A size's series as points of `experiment`: each configuration with the techniques of those before it,
+    less the pending ones (nor does a pending technique join the configurations after it)."""
     techniques, points = [], []
     for name in OPT.get("series", []):
         if (size, name) in PENDING:
-            continue  # (nor does its technique join the configurations after it)
+            continue
         techniques = techniques + ([] if name == "plain" else [name])
-        points.append(point("optimized_step", OPT, size=size, configuration=name, techniques=techniques))
+        points.append(point(experiment, OPT, size=size, configuration=name, techniques=techniques))
+    return points
+
+
+for size in OPT["sizes"]:
+    points = series_points("optimized_step", size)
     experiment_job(
         "optimized_step", size, points, [f"results/optimized_step/{size}/{p['configuration']}.json" for p in points]
     )
@@ -87,13 +96,7 @@ if not OPT["sizes"]:
 # configuration once a round, `count` rounds in one process, round r starting from the r-th configuration.
 OPT_ROUNDS = OPT.get("rounds") or {"sizes": []}
 for size in OPT_ROUNDS["sizes"]:
-    techniques, variants = [], []
-    for name in OPT.get("series", []):
-        if (size, name) in PENDING:
-            continue  # as in the one-pass series
-        techniques = techniques + ([] if name == "plain" else [name])
-        variants.append(point("optimized_step_rounds", OPT, size=size, configuration=name, techniques=techniques))
-    points = rotated_rounds(variants, OPT_ROUNDS["count"])
+    points = rotated_rounds(series_points("optimized_step_rounds", size), OPT_ROUNDS["count"])
     experiment_job(
         "optimized_step_rounds",
         size,

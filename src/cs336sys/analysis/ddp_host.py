@@ -15,10 +15,10 @@ from cs336sys.analysis.ddp_steps import (
     VARIANT_ORDER,
     _point,
     _ratio,
-    ratio_cell,
     variant_key,
 )
 from cs336sys.analysis.formatting import fixed, mean_std
+from cs336sys.analysis.rounds import ratio_cell
 
 if TYPE_CHECKING:
     from cs336sys.analysis.ddp_context import DDPContext

@@ -13,7 +13,7 @@ import pandas as pd
 from cs336sys.analysis.common import SIZE_ORDER, save_table
 from cs336sys.analysis.ddp_buckets import FIT_R2_GOOD, bucket_model
 from cs336sys.analysis.formatting import fixed, mean_std, number
-from cs336sys.analysis.rounds import clocks_differ, held_out_choice, paired_ratio
+from cs336sys.analysis.rounds import clock_cell, clocks_differ, held_out_choice, paired_ratio, ratio_cell
 from cs336sys.analysis.verdicts import against_limit
 from cs336sys.sizes import SIZES, train_step_flops
 
@@ -191,22 +191,6 @@ def job(g: pd.DataFrame, size: str, dtype: str, out: Path, allreduce_fit: dict |
             model["table"] = save_table(model.pop("frame"), out, f"ddp_bucket_model_{size}_{dtype}_ws{world}", digits=2)
             j["model"] = model
     return j
-
-
-def ratio_cell(r: dict | None, digits: int = 3) -> str:
-    """A ratio with its range across rounds (or ∓ two standard errors for one round): "0.981 (0.95–1.01)"."""
-    if not r:
-        return ""
-    return f"{r['ratio']:.{digits}f} ({r['lo']:.{digits}f}–{r['hi']:.{digits}f})"
-
-
-def clock_cell(p: dict) -> str:
-    """The SM clocks a variant's rounds ran at (each round's median over its ranks' samples), MHz."""
-    clocks = [c for c in p.get("round_clock_mhz") or [] if c is not None]
-    if not clocks:
-        return ""
-    lo, hi = min(clocks), max(clocks)
-    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
 
 
 def _table(points: list[dict]) -> pd.DataFrame:

@@ -22,7 +22,7 @@ import pandas as pd
 from cs336sys.analysis.common import save_table, sm_clock
 from cs336sys.analysis.formatting import number
 from cs336sys.analysis.optimized_step import LABELS, PROSE, roofline_ms
-from cs336sys.analysis.rounds import paired_ratio, pool_rounds
+from cs336sys.analysis.rounds import clock_cell, paired_ratio, pool_rounds
 
 EXPERIMENT = "optimized_step_rounds"
 
@@ -35,8 +35,7 @@ def optimized_rounds(frame: pd.DataFrame, out: Path) -> dict | None:
     data = frame[frame.problem == EXPERIMENT].copy()
     data["sm_clock_mhz"] = [sm_clock(c) for c in data.get("step_clocks", pd.Series([None] * len(data)))]
     data["added"] = [len(t) if isinstance(t, list | tuple) else 0 for t in data["techniques"]]
-    pooled = pool_rounds(data, ["size", "configuration"])
-    pooled["added"] = [len(t) if isinstance(t, list | tuple) else 0 for t in pooled["techniques"]]
+    pooled = pool_rounds(data, ["size", "configuration"])  # each row keeps its first round's "added"
     sizes, rows = {}, []
     for size, g in pooled.groupby("size", sort=False):
         g = g.sort_values("added")
@@ -48,13 +47,12 @@ def optimized_rounds(frame: pd.DataFrame, out: Path) -> dict | None:
             if vs is not None:
                 verdict = "faster" if vs["hi"] < 1 else "slower" if vs["lo"] > 1 else "within"
                 said[verdict].append(PROSE.get(r["configuration"], r["configuration"]))
-            clocks = r.get("clock_range_mhz")
             change = "" if vs is None else f"{vs['ratio']:.3f} ({_span([vs['lo'], vs['hi']], 3)})"
             rows.append({"size": size, "configuration": LABELS.get(r["configuration"], r["configuration"]),
                          "step (ms, mean)": float(r["mean_ms"]) if ok else r["status"],
                          "rounds (ms)": _span(r.get("round_ms") if ok else None, 1),
                          "× the one before": change,
-                         "SM clock (MHz)": _span(clocks, 0) if isinstance(clocks, list) else ""})
+                         "SM clock (MHz)": clock_cell(r) if ok else ""})
             before = r if ok else None
         ok = g[g.status == "ok"]
         if ok.empty:

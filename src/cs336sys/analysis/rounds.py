@@ -123,6 +123,22 @@ def paired_ratio(a: dict | pd.Series, b: dict | pd.Series) -> dict | None:
     return {"ratio": ratio, "lo": ratio - 2 * se, "hi": ratio + 2 * se, "rounds": 1, "paired": False}
 
 
+def ratio_cell(r: dict | None, digits: int = 3) -> str:
+    """A ratio with its range across rounds (or ∓ two standard errors for one round): "0.981 (0.95–1.01)"."""
+    if not r:
+        return ""
+    return f"{r['ratio']:.{digits}f} ({r['lo']:.{digits}f}–{r['hi']:.{digits}f})"
+
+
+def clock_cell(p: dict) -> str:
+    """The SM clocks a variant's rounds ran at (each round's median over its ranks' samples), MHz."""
+    clocks = [c for c in p.get("round_clock_mhz") or [] if c is not None]
+    if not clocks:
+        return ""
+    lo, hi = min(clocks), max(clocks)
+    return f"{lo:.0f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"
+
+
 def held_out_choice(candidates: list[dict], reference: dict) -> dict | None:
     """The fastest of `candidates` (variants of one job, each with its rounds' means `round_ms`), chosen and
     judged on different rounds: for each round, the candidate fastest over the job's other rounds, over
