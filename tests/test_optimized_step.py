@@ -700,7 +700,7 @@ def test_a_ratio_whose_ceiling_ran_at_another_clock_than_the_step_is_judged_at_b
     assert ctx["clock_ranges"] == {"step": (step_clock, step_clock), "ceiling": (ceiling_clock, ceiling_clock)}
     [row] = summary_rows(ctx)
     x = f"{between / at:.2f}"
-    assert row["met"] == "noise" and row["result"].endswith(f"({x}–{x}× at the steps' clocks)")
+    assert row["met"] == "noise" and row["result"].endswith(f"; {x}–{x}× at the steps' clocks")
     assert judged(1.19 * at)["best"]["2.7B"]["met"] is True and judged(1.21 * roof)["best"]["2.7B"]["met"] is False
     # no clock under the product (a result measured before it was sampled): one ratio, judged alone
     alone = judged(between, clocks=False)
