@@ -351,3 +351,4 @@ def test_bf16_against_fp32_says_a_trend_with_size_only_where_the_series_has_one(
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     assert ("In busy time the gain grows with size" in text) is ctx.bf16_trend["busy_rises"]
     assert ("The wall-time ratios do not follow size" in text) is (bool(want) and not ctx.bf16_trend["wall_rises"])
+    assert ("The wall-time ratios rise with size, but" in text) is (bool(want) and ctx.bf16_trend["wall_rises"])
