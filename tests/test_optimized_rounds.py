@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from cs336sys import knobs, report
 from cs336sys.analysis.optimized_rounds import optimized_rounds
@@ -47,20 +48,21 @@ def next_jobs():
 
 def test_the_overlay_runs_the_series_once_a_round_each_round_starting_one_later(next_jobs):
     rounds, series = next_jobs
-    assert set(rounds) == {"2.7B"}
-    job, one_pass = rounds["2.7B"], series["2.7B"]
-    names = [p["configuration"] for p in one_pass.points]
-    count = len(job.points) // len(names)
-    assert count >= 2 and len(job.points) == count * len(names)
-    for r in range(count):
-        chunk = job.points[r * len(names):(r + 1) * len(names)]
-        assert {p["round"] for p in chunk} == {r}
-        assert [p["configuration"] for p in chunk] == names[r:] + names[:r]  # ABC, BCA, CAB
-    # each configuration is the series' point (its techniques, context, steps), labelled with its round
-    by_name = {p["configuration"]: p for p in one_pass.points}
-    assert all({k: v for k, v in p.items() if k != "round"} == by_name[p["configuration"]] for p in job.points)
-    assert job.results[0] == f"results/optimized_step_rounds/2.7B/{job.points[0]['configuration']}-r0.json"
-    assert job.gpus == 1
+    overlay = yaml.safe_load((REPO / "config" / "next.yaml").read_text())["next"]["optimized_step"]["rounds"]
+    assert set(rounds) == set(overlay["sizes"]) and {"2.7B", "medium"} <= set(rounds)
+    for size, job in rounds.items():
+        names = [p["configuration"] for p in series[size].points]
+        count = len(job.points) // len(names)
+        assert count == overlay["count"] >= 2 and len(job.points) == count * len(names)
+        for r in range(count):
+            chunk = job.points[r * len(names):(r + 1) * len(names)]
+            assert {p["round"] for p in chunk} == {r}
+            assert [p["configuration"] for p in chunk] == names[r:] + names[:r]  # ABC, BCA, CAB
+        # each configuration is the series' point (its techniques, context, steps), labelled with its round
+        by_name = {p["configuration"]: p for p in series[size].points}
+        assert all({k: v for k, v in p.items() if k != "round"} == by_name[p["configuration"]] for p in job.points)
+        assert job.results[0] == f"results/optimized_step_rounds/{size}/{job.points[0]['configuration']}-r0.json"
+        assert job.gpus == 1
 
 
 def test_the_main_grid_has_no_round_points_until_they_are_measured():
