@@ -731,3 +731,28 @@ def test_the_masked_half_of_attention_is_priced_at_the_rows_own_ceiling(tmp_path
     roof = step_roofline(size, batch, context, matmul_flops_per_s=ceiling * 1e12, copy_bytes_per_s=3.0e12).total_ms
     want = 100 * masked / (ceiling * 1e12) * 1e3 / roof
     assert ctx["best"][size]["masked_pct"] == pytest.approx(want)
+
+
+def test_a_ratio_this_close_to_its_target_is_listed_as_unsettled(tmp_path):
+    # a fastest step within NEAR_TARGET_PCT of its target (either side) at the ceiling's clock is listed with its
+    # signed margin, for the section to say that one pass does not settle it; one further away is not listed
+    import pandas as pd
+
+    from cs336sys.analysis.optimized_step import NEAR_TARGET_PCT, optimized_step
+
+    own = random.uniform(650.0, 750.0)
+    roof = step_roofline("2.7B", 4, 512, matmul_flops_per_s=own * 1e12, copy_bytes_per_s=3.0e12).total_ms
+
+    def near(x: float) -> list:
+        row = {"problem": "optimized_step", "status": "ok", "size": "2.7B", "context_length": 512,
+               "metric_batch_size": 4, "configuration": "plain", "techniques": [], "median_ms": x * roof,
+               "std_ms": 1.0, "env.gpu": "NVIDIA H100 80GB HBM3", "matmul_bf16_tflops": own,
+               "phase_median_ms": {"forward_backward": x * roof - 10.0, "optimizer_step": 10.0, "zero_grad": 0.0}}
+        return optimized_step(pd.DataFrame([row]), {}, tmp_path)["near_target"]
+
+    margin = random.uniform(0.05, 0.9) * NEAR_TARGET_PCT
+    [over] = near(1.2 * (1 + margin / 100))
+    assert over["size"] == "2.7B" and over["pct"] == pytest.approx(margin) and over["x_text"].startswith("1.2")
+    [under] = near(1.2 * (1 - margin / 100))
+    assert under["pct"] == pytest.approx(-margin)
+    assert near(1.2 * (1 + 1.5 * NEAR_TARGET_PCT / 100)) == [] and near(1.0) == []
