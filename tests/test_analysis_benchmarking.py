@@ -370,3 +370,48 @@ def test_a_one_pass_ratio_near_its_target_is_said_to_be_unsettled(built, tmp_pat
     text = render_section("benchmarking", as_json(ctx), TEMPLATES)
     for size in o["best"]:
         assert (f'The fastest "{size}" step, ' in text) is (size in near)
+
+
+def test_the_compiled_ratios_say_how_many_pairs_cross_days(built):
+    """Each eager/compiled pair sets two jobs' points against each other; the section counts the pairs whose two
+    points ran on different days (from each result's own timestamp) and says so, or that none does."""
+    paths, ctx = built
+    if not ctx.compile_days_apart:
+        pytest.skip("no compiled points with timestamps")
+    results = [read_result(p) for p in paths if p.suffix == ".json" and "results/benchmarking/" in p.as_posix()]
+    ok = [r for r in results if r["status"] == "ok"]
+
+    def key(r: dict) -> tuple:
+        s = r["settings"]
+        return s["size"], s["context_length"], s["mode"], s["dtype"], r["env"]["gpu"]
+
+    eager = {key(r): r["env"]["timestamp"][:10] for r in ok if r["settings"]["compile"] == "eager"}
+    pairs = [(eager[key(r)], r["env"]["timestamp"][:10]) for r in ok
+             if r["settings"]["compile"] != "eager" and key(r) in eager]
+    apart = [(e, c) for e, c in pairs if e != c]
+    assert ctx.compile_days_apart["of"] == len(pairs) and ctx.compile_days_apart["pairs"] == len(apart)
+    assert ctx.compile_days_apart["days"] == sorted({d for p in apart for d in p})
+    text = render_section("benchmarking", as_json(ctx), TEMPLATES)
+    said = f"{len(apart)} of the {len(pairs)} pairs set a point against one measured on another day"
+    assert (said in text) is bool(apart)
+    assert (f"all {len(pairs)} pairs from jobs run on the same day" in text) is (not apart)
+
+
+def test_days_apart_counts_only_pairs_of_one_gpu_model_on_different_days():
+    import pandas as pd
+
+    from cs336sys.analysis.benchmarking_speedups import _days_apart
+
+    keys = ["size", "context_length", "mode", "dtype"]
+    day = random.choice(["2026-11-29", "2026-12-02"])
+
+    def rows(compile_: str, stamps: list) -> pd.DataFrame:
+        return pd.DataFrame([{"size": s, "context_length": 512, "mode": "train_step", "dtype": "bf16", "gpu": g,
+                              "compile": compile_, "env.timestamp": t} for s, g, t in stamps])
+
+    eager = rows("eager", [("small", "H200", f"{day}T01:00"), ("xl", "H200", f"{day}T02:00"),
+                           ("large", "H100", "2026-11-20T00:00")])
+    comp = rows("blocks", [("small", "H200", f"{day}T23:00"), ("xl", "H200", "2026-11-30T00:00"),
+                           ("large", "H200", "2026-11-21T00:00")])  # large: another GPU model, no pair
+    assert _days_apart(comp, eager, keys) == {"pairs": 1, "of": 2, "days": sorted({day, "2026-11-30"})}
+    assert _days_apart(comp.drop(columns=["env.timestamp"]), eager, keys) is None

@@ -95,6 +95,9 @@ class BenchmarkingContext(SectionContext):
     """(8b) The compiled speed-up over every pair, [lowest, highest]."""
     compile_speedup_by_method: dict[str, list[float]] | None = None
     """(8b) Way of compiling -> its speed-up, [lowest, highest]."""
+    compile_days_apart: dict | None = None
+    """(8b) The pairs whose eager and compiled points ran on different days: {"pairs", "of", "days"}
+    (`benchmarking_speedups._days_apart`)."""
     compile_busy_by_method: dict[str, dict[str, list[float]]] | None = None
     """(8b) Way of compiling -> dtype -> its speed-up in GPU-busy time, [lowest, highest]: the kernels' own gain,
     without the launches compiling saves (which the host's speed sets)."""

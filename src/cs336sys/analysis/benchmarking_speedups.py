@@ -132,6 +132,7 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
         return
     merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
     merged = sort_rows(merged, *keys, "compile")
+    ctx.compile_days_apart = _days_apart(comp, eager, keys)
     # every pair's times; a pair across GPU models has its GPUs and no ratio
     every = sort_rows(both.assign(speedup=both.mean_ms_eager / both.mean_ms_compiled), *keys, "compile")
     every.loc[every.gpu_compiled != every.gpu_eager, "speedup"] = float("nan")
@@ -176,3 +177,18 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
             "bf16_above_fp32": bool({"bf16", "fp32"} <= set(by_dtype)
                                     and by_dtype["bf16"].min() > by_dtype["fp32"].max()),
             "falls_with_size": rises([-x for x in bf16.busy_speedup])}
+
+
+def _days_apart(comp: pd.DataFrame, eager: pd.DataFrame, keys: list[str]) -> dict | None:
+    """Each way of compiling runs in a job of its own, so every ratio sets two jobs' points against each other:
+    {"pairs", "of", "days"} counts the pairs (one GPU model) whose two points ran on different days, with the days
+    those points ran on, or None where the points record no time."""
+    if "env.timestamp" not in comp or "env.timestamp" not in eager:
+        return None
+    both = comp[[*keys, "gpu", "env.timestamp"]].merge(eager[[*keys, "gpu", "env.timestamp"]], on=[*keys, "gpu"],
+                                                       suffixes=("_compiled", "_eager")).dropna()
+    if both.empty:
+        return None
+    day_c, day_e = both["env.timestamp_compiled"].str[:10], both["env.timestamp_eager"].str[:10]
+    apart = day_c != day_e
+    return {"pairs": int(apart.sum()), "of": len(both), "days": sorted(set(day_e[apart]) | set(day_c[apart]))}
