@@ -397,21 +397,15 @@ def test_the_compiled_ratios_say_how_many_pairs_cross_days(built):
     assert (f"all {len(pairs)} pairs from jobs run on the same day" in text) is (not apart)
 
 
-def test_days_apart_counts_only_pairs_of_one_gpu_model_on_different_days():
+def test_days_apart_counts_the_pairs_whose_points_ran_on_different_days():
     import pandas as pd
 
     from cs336sys.analysis.benchmarking_speedups import _days_apart
 
-    keys = ["size", "context_length", "mode", "dtype"]
     day = random.choice(["2026-11-29", "2026-12-02"])
-
-    def rows(compile_: str, stamps: list) -> pd.DataFrame:
-        return pd.DataFrame([{"size": s, "context_length": 512, "mode": "train_step", "dtype": "bf16", "gpu": g,
-                              "compile": compile_, "env.timestamp": t} for s, g, t in stamps])
-
-    eager = rows("eager", [("small", "H200", f"{day}T01:00"), ("xl", "H200", f"{day}T02:00"),
-                           ("large", "H100", "2026-11-20T00:00")])
-    comp = rows("blocks", [("small", "H200", f"{day}T23:00"), ("xl", "H200", "2026-11-30T00:00"),
-                           ("large", "H200", "2026-11-21T00:00")])  # large: another GPU model, no pair
-    assert _days_apart(comp, eager, keys) == {"pairs": 1, "of": 2, "days": sorted({day, "2026-11-30"})}
-    assert _days_apart(comp.drop(columns=["env.timestamp"]), eager, keys) is None
+    pairs = pd.DataFrame([{"size": s, "env.timestamp_eager": e, "env.timestamp_compiled": c}
+                          for s, e, c in [("small", f"{day}T01:00", f"{day}T23:00"),
+                                          ("xl", f"{day}T02:00", "2026-11-30T00:00"),
+                                          ("large", None, "2026-11-21T00:00")]])  # large: no time, not counted
+    assert _days_apart(pairs) == {"pairs": 1, "of": 2, "days": sorted({day, "2026-11-30"})}
+    assert _days_apart(pairs[pairs["size"] == "large"]) is None

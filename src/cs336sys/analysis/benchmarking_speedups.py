@@ -122,17 +122,18 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
     # a ratio only between points of one GPU model: a compiled point whose eager twin ran elsewhere is named
     busy = "gpu_busy_median_ms" if "gpu_busy_median_ms" in ok else None
     times = ["mean_ms", *([busy] if busy else [])]
-    both = comp[keys + times + ["compile", "gpu"]].merge(eager[keys + times + ["gpu"]], on=keys,
-                                                         suffixes=("_compiled", "_eager"))
+    stamps = ["env.timestamp"] if "env.timestamp" in comp and "env.timestamp" in eager else []
+    both = comp[keys + times + stamps + ["compile", "gpu"]].merge(eager[keys + times + stamps + ["gpu"]], on=keys,
+                                                                  suffixes=("_compiled", "_eager"))
     apart = both[both.gpu_compiled != both.gpu_eager]
     ctx.cross_gpu = [f"`{c}` ({len(g)} points) ran on the {gpu_model(a)}, eager on the {gpu_model(b)}"
                      for (c, a, b), g in apart.groupby(["compile", "gpu_compiled", "gpu_eager"])]
     merged = both[both.gpu_compiled == both.gpu_eager].drop(columns=["gpu_compiled", "gpu_eager"])
     if merged.empty:
         return
+    ctx.compile_days_apart = _days_apart(merged) if stamps else None
     merged["speedup"] = merged.mean_ms_eager / merged.mean_ms_compiled
     merged = sort_rows(merged, *keys, "compile")
-    ctx.compile_days_apart = _days_apart(comp, eager, keys)
     # every pair's times; a pair across GPU models has its GPUs and no ratio
     every = sort_rows(both.assign(speedup=both.mean_ms_eager / both.mean_ms_compiled), *keys, "compile")
     every.loc[every.gpu_compiled != every.gpu_eager, "speedup"] = float("nan")
@@ -179,16 +180,13 @@ def compile_speedups(ctx: BenchmarkingContext, ok: pd.DataFrame, bench: pd.DataF
             "falls_with_size": rises([-x for x in bf16.busy_speedup])}
 
 
-def _days_apart(comp: pd.DataFrame, eager: pd.DataFrame, keys: list[str]) -> dict | None:
+def _days_apart(pairs: pd.DataFrame) -> dict | None:
     """Each way of compiling runs in a job of its own, so every ratio sets two jobs' points against each other:
-    {"pairs", "of", "days"} counts the pairs (one GPU model) whose two points ran on different days, with the days
-    those points ran on, or None where the points record no time."""
-    if "env.timestamp" not in comp or "env.timestamp" not in eager:
+    {"pairs", "of", "days"} counts the pairs (of one GPU model, with `env.timestamp_compiled` and `_eager`) whose
+    two points ran on different days, with the days those points ran on, or None where no pair records its times."""
+    pairs = pairs.dropna(subset=["env.timestamp_compiled", "env.timestamp_eager"])
+    if pairs.empty:
         return None
-    both = comp[[*keys, "gpu", "env.timestamp"]].merge(eager[[*keys, "gpu", "env.timestamp"]], on=[*keys, "gpu"],
-                                                       suffixes=("_compiled", "_eager")).dropna()
-    if both.empty:
-        return None
-    day_c, day_e = both["env.timestamp_compiled"].str[:10], both["env.timestamp_eager"].str[:10]
+    day_c, day_e = pairs["env.timestamp_compiled"].str[:10], pairs["env.timestamp_eager"].str[:10]
     apart = day_c != day_e
-    return {"pairs": int(apart.sum()), "of": len(both), "days": sorted(set(day_e[apart]) | set(day_c[apart]))}
+    return {"pairs": int(apart.sum()), "of": len(pairs), "days": sorted(set(day_e[apart]) | set(day_c[apart]))}
