@@ -700,12 +700,12 @@ def test_a_ratio_whose_ceiling_ran_at_another_clock_than_the_step_is_judged_at_b
     assert ctx["clock_ranges"] == {"step": (step_clock, step_clock), "ceiling": (ceiling_clock, ceiling_clock)}
     [row] = summary_rows(ctx)
     x = f"{between / at:.2f}"
-    assert row["met"] == "noise" and row["result"].endswith(f"; {x}–{x}× at the steps' clocks")
+    assert row["met"] == "noise" and row["result"].endswith(f"; {x}–{x}× at step clocks")
     assert judged(1.19 * at)["best"]["2.7B"]["met"] is True and judged(1.21 * roof)["best"]["2.7B"]["met"] is False
     # no clock under the product (a result measured before it was sampled): one ratio, judged alone
     alone = judged(between, clocks=False)
     assert alone["best"]["2.7B"]["x_at_clock"] is None and alone["best"]["2.7B"]["met"] is True
-    assert "clock_ranges" not in alone and "at the steps' clocks" not in summary_rows(alone)[0]["result"]
+    assert "clock_ranges" not in alone and "at step clocks" not in summary_rows(alone)[0]["result"]
 
 
 def test_the_masked_half_of_attention_is_priced_at_the_rows_own_ceiling(tmp_path):

@@ -307,7 +307,7 @@ def _summary(ctx: BenchmarkingContext) -> list[dict]:
         rows.append({"part": "bf16 autocast against fp32 (TF32 off)", "result": f"{said} "
                      f"({size} train step, context {ctx.bf16_context_length})", "target": None, "met": None,
                      "ref": "bench-bf16"})
-    rows += summary_rows(ctx.optimized or {})
+    rows += summary_rows(ctx.optimized or {}, ctx.optimized_rounds)
     if ctx.compile_speedup_range:
         low, high = ctx.compile_speedup_range
         said = f"{low:.2f}×" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}× to {high:.2f}×"

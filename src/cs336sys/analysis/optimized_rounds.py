@@ -8,7 +8,9 @@ configuration once a round, the rounds one after another in one job (cs336sys.be
   rounds' range.
 - The fastest configuration (by its pooled mean) is set against its roofline round by round: each point measured
   its own matmul ceiling after its steps (`optimized_step.roofline_ms`), and at the step's clock the ceiling is
-  scaled to it, as the one-pass series does.
+  scaled to it, as the one-pass series does. Its target is judged on both ranges together (met when every round
+  is within it at both clocks, missed when none is at either, within noise otherwise), and that verdict, not the
+  one pass's, is the size's on the summary page (`optimized_step.summary_rows`).
 
 Nothing here when the results hold no such series.
 """
@@ -21,15 +23,24 @@ import pandas as pd
 
 from cs336sys.analysis.common import save_table, sm_clock
 from cs336sys.analysis.formatting import number
-from cs336sys.analysis.optimized_step import LABELS, PROSE, roofline_ms
+from cs336sys.analysis.optimized_step import (
+    DEFAULT_TARGET_X_ROOFLINE,
+    LABELS,
+    PROSE,
+    TARGET_X_ROOFLINE,
+    roofline_ms,
+)
 from cs336sys.analysis.rounds import clock_cell, paired_ratio, pool_rounds
+from cs336sys.analysis.verdicts import against_limit
 
 EXPERIMENT = "optimized_step_rounds"
 
 
 def optimized_rounds(frame: pd.DataFrame, out: Path) -> dict | None:
     """The section context's `optimized_rounds`: {"sizes": {size: {"rounds", "gpu", "faster", "slower",
-    "within", "fastest", "x_roofline", "x_at_clock"}}, "table"}, or None without such results."""
+    "within", "fastest", "x_roofline", "x_at_clock", "target", "met", "met_at"}}, "table", "same_changes"}, or
+    None without such results; `met_at` is the verdict at each clock, `met` the two together, `same_changes`
+    whether every size's techniques changed its step the same way (the prose then says it once)."""
     if "problem" not in frame or not (frame.problem == EXPERIMENT).any():
         return None
     data = frame[frame.problem == EXPERIMENT].copy()
@@ -60,11 +71,17 @@ def optimized_rounds(frame: pd.DataFrame, out: Path) -> dict | None:
         fastest = ok.loc[ok["mean_ms"].astype(float).idxmin()]
         x, y = _against_roofline(data[(data["size"] == size) & (data.configuration == fastest.configuration)])
         gpus = sorted({v for v in data.loc[data["size"] == size].get("env.gpu", pd.Series()).dropna()})
+        target = TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)
+        met_at = {k: against_limit(*v, target) for k, v in (("ceiling", x), ("step", y)) if v}
+        both = [v for v in (x, y) if v]
         sizes[size] = {"rounds": int(fastest["rounds"]), "gpu": ", ".join(gpus) or "the CPU", **said,
                        "fastest": LABELS.get(fastest.configuration, fastest.configuration),
-                       "fastest_ms": float(fastest["mean_ms"]), "x_roofline": x, "x_at_clock": y}
+                       "fastest_ms": float(fastest["mean_ms"]), "x_roofline": x, "x_at_clock": y,
+                       "target": target, "met_at": met_at,
+                       "met": against_limit(min(v[0] for v in both), max(v[1] for v in both), target) if both else None}
     table = save_table(pd.DataFrame(rows), out, "optimized_step_rounds", digits=1)
-    return {"sizes": sizes, "table": table}
+    said_of = [tuple(tuple(s[k]) for k in ("faster", "slower", "within")) for s in sizes.values()]
+    return {"sizes": sizes, "table": table, "same_changes": len(set(said_of)) == 1}
 
 
 def _span(values, digits: int) -> str:
