@@ -23,13 +23,7 @@ import pandas as pd
 
 from cs336sys.analysis.common import save_table, sm_clock
 from cs336sys.analysis.formatting import number
-from cs336sys.analysis.optimized_step import (
-    DEFAULT_TARGET_X_ROOFLINE,
-    LABELS,
-    PROSE,
-    TARGET_X_ROOFLINE,
-    roofline_ms,
-)
+from cs336sys.analysis.optimized_step import LABELS, PROSE, roofline_ms, target_x_roofline
 from cs336sys.analysis.rounds import clock_cell, paired_ratio, pool_rounds
 from cs336sys.analysis.verdicts import against_limit
 
@@ -71,7 +65,7 @@ def optimized_rounds(frame: pd.DataFrame, out: Path) -> dict | None:
         fastest = ok.loc[ok["mean_ms"].astype(float).idxmin()]
         x, y = _against_roofline(data[(data["size"] == size) & (data.configuration == fastest.configuration)])
         gpus = sorted({v for v in data.loc[data["size"] == size].get("env.gpu", pd.Series()).dropna()})
-        target = TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)
+        target = target_x_roofline(size)
         met_at = {k: against_limit(*v, target) for k, v in (("ceiling", x), ("step", y)) if v}
         both = [v for v in (x, y) if v]
         sizes[size] = {"rounds": int(fastest["rounds"]), "gpu": ", ".join(gpus) or "the CPU", **said,

@@ -40,6 +40,12 @@ PROSE = {"fused_adamw": "the fused AdamW", "cuda_graph": "the CUDA graph", "flas
 # The step's target against its roofline: the "2.7B" within 1.2x, every other size that fits within 1.3x.
 TARGET_X_ROOFLINE = {"2.7B": 1.2}
 DEFAULT_TARGET_X_ROOFLINE = 1.3
+
+
+def target_x_roofline(size: str) -> float:
+    """A size's target: its step within this many times its roofline."""
+    return TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)
+
 # A one-pass ratio this close to its target (%, either side) is not a verdict: two passes of the same code moved
 # the graphed steps by up to 4 % (notes/runs/2026-12-02-h200-a198df5c-remake); the interleaved rounds decide.
 NEAR_TARGET_PCT = 4.0
@@ -117,7 +123,7 @@ def optimized_step(frame: pd.DataFrame, ceilings: dict[str, dict[str, float]], o
     data["added"] = [len(t) for t in series["techniques"]] if "techniques" in series else 0
     data = data.sort_values(["size", "added"], key=lambda c: size_key(c) if c.name == "size" else c)
     printed = data.assign(configuration=data.configuration.map(lambda c: LABELS.get(c, c)))
-    printed["x roofline"] = [ratio_text(s / r, TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE))
+    printed["x roofline"] = [ratio_text(s / r, target_x_roofline(size))
                              if r == r and r else "" for size, s, r in
                              zip(printed["size"], printed.step_ms, printed.roofline_ms.astype(float), strict=True)]
     printed = printed.rename(columns={"forward_backward_ms": "forward+backward (ms)", "optimizer_ms": "optimizer (ms)",
@@ -157,7 +163,7 @@ def _best(ok: pd.DataFrame) -> dict:
     best = {}
     for size, g in ok.groupby("size", sort=False):
         fastest = g.loc[g.step_ms.idxmin()]
-        target = TARGET_X_ROOFLINE.get(size, DEFAULT_TARGET_X_ROOFLINE)
+        target = target_x_roofline(size)
         x = float(fastest.step_ms / fastest.roofline_ms) if fastest.roofline_ms else None
         at = fastest.get("roofline_at_clock_ms")
         y = float(fastest.step_ms / at) if x is not None and at == at and at else None
