@@ -227,6 +227,8 @@ def _native_against_plain_model(info, seed: int) -> dict:
 
     rank, world = info.rank, info.world_size
     device = f"cuda:{rank}"
+    if not torch.distributed.is_initialized():  # spawn forms no group for a world of one; FSDP2 shards over one
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device(device))
     spec = LeaderboardSpec(size=SMALL_D128, context_length=SEQ, batch_per_rank=1, compute_dtype="bf16",
                            attention="sdpa", checkpoint_blocks=2, ce_chunk_tokens=128, seed=seed, world_size=world)
     step = build_pytorch_native_step(spec, device, NativeOptions(checkpoint_saves="attention", matmul_blocks=1))
@@ -248,13 +250,13 @@ def _native_against_plain_model(info, seed: int) -> dict:
         if world > 1:
             torch.distributed.all_reduce(loss)
         loss_err = max(loss_err, abs(loss.item() / world - ref_loss.item()) / ref_loss.item())
+    full = {plain_name(n): p.full_tensor() for n, p in step.module.named_parameters()}
+    with torch.no_grad():  # after the three steps both took (the profiled fourth below updates only the step's)
+        diff = sum(((full[name].float() - p) ** 2).sum() for name, p in reference.named_parameters())
+        update = sum(((p - start[name]) ** 2).sum() for name, p in reference.named_parameters())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step.run()
         torch.cuda.synchronize()
-    full = {plain_name(n): p.full_tensor() for n, p in step.module.named_parameters()}
-    with torch.no_grad():
-        diff = sum(((full[name].float() - p) ** 2).sum() for name, p in reference.named_parameters())
-        update = sum(((p - start[name]) ** 2).sum() for name, p in reference.named_parameters())
     return {"loss_err": loss_err, "update_err": (diff / update).sqrt().item(), "policies": step.policies,
             "cudnn_sdpa_kernels": sum("sdpa" in e.key.lower() and "cudnn" in e.key.lower()
                                       for e in prof.key_averages())}
