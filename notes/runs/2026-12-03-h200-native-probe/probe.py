@@ -34,6 +34,7 @@ CONFIGS = {
 
 def main() -> None:
     device = "cuda:0"
+    torch.cuda.set_device(0)  # as the job runner's process_group.init does: the peak counters need it
     with _group_of_one(device):
         for name, (spec_kw, options) in CONFIGS.items():
             spec = LeaderboardSpec(size=SIZE, world_size=1, **{"attention": "sdpa", **spec_kw})
