@@ -31,12 +31,11 @@ class Module:
     imports: set[str] = field(default_factory=set)
 
 
-def _docstring_spans(tree: ast.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Every statement that is a bare string: the docstrings of modules, classes and functions, and
-    the attribute docstrings after a field or a constant. Such a statement evaluates a literal and
-    discards it (the first of a body also becomes `__doc__`), so dropping it changes nothing that runs."""
-    return [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in ast.walk(tree)
-            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+def _is_docstring(n: ast.AST) -> bool:
+    """A statement that is a bare string: the docstrings of modules, classes and functions, and the
+    attribute docstrings after a field or a constant. Such a statement evaluates a literal and discards it
+    (the first of a body also becomes `__doc__`), so dropping it changes nothing that runs."""
+    return isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -99,34 +98,39 @@ def _label(node: ast.stmt) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _imports(module: str, is_package: bool, tree: ast.AST) -> set[str]:
-    """The package modules an import anywhere in `tree` names: `from m import x` names m, and m.x (kept
-    only where m.x is a module: the caller checks)."""
-    found: set[str] = set()
+def _scan(module: str, is_package: bool, tree: ast.AST) -> tuple[list[tuple[tuple[int, int], tuple[int, int]]],
+                                                                      set[str]]:
+    """One walk of `tree`: the spans of its docstrings (`_is_docstring`), in source order, and the package
+    modules an import anywhere in it names: `from m import x` names m, and m.x (kept only where m.x is a
+    module: the caller checks)."""
+    spans, found = [], set()
     for n in ast.walk(tree):
-        if isinstance(n, ast.Import):
+        if _is_docstring(n):
+            spans.append(((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)))
+        elif isinstance(n, ast.Import):
             found.update(a.name for a in n.names if _ours(a.name))
         elif isinstance(n, ast.ImportFrom):
             target = _absolute(module, is_package, n)
             if _ours(target):
                 found.add(target)
                 found.update(f"{target}.{a.name}" for a in n.names if a.name != "*")
-    return found
+    return sorted(spans), found
 
 
 def _parse(path: Path, module: str, text: str) -> Module:
     tree = ast.parse(text, filename=str(path))
-    drop = _docstring_spans(tree)
-    toks = _tokens(text)
-
-    def in_docstring(line: int, col: int) -> bool:
-        return any(a <= (line, col) < b for a, b in drop)
+    is_package = path.name == "__init__.py"
+    drop, imports = _scan(module, is_package, tree)  # docstrings never overlap: one pass over both lists
+    drop.append(((10**9, 0), (10**9, 0)))
 
     # a docstring and the line end after it go together
     kept: list[tuple[int, int, str]] = []
     skipping = False
-    for line, col, text_ in toks:
-        if in_docstring(line, col):
+    d = 0
+    for line, col, text_ in _tokens(text):
+        while drop[d][1] <= (line, col):
+            d += 1
+        if drop[d][0] <= (line, col):
             skipping = True
             continue
         if skipping and text_ == ";":
@@ -134,7 +138,6 @@ def _parse(path: Path, module: str, text: str) -> Module:
             continue
         skipping = False
         kept.append((line, col, text_))
-    is_package = path.name == "__init__.py"
     statements = []
     starts = [(min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]), 0) for node in tree.body]
     bounds = starts[1:] + [(10**9, 0)]
@@ -150,8 +153,7 @@ def _parse(path: Path, module: str, text: str) -> Module:
             parts.pop(0)
         while parts and parts[-1] == "<dedent>":  # implied by the indents it opened
             parts.pop()
-        if isinstance(node, ast.Expr) and index == 0 and isinstance(node.value, ast.Constant) \
-                and isinstance(node.value.value, str):
+        if index == 0 and _is_docstring(node):
             continue  # the module docstring
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not _is_future(node):
             statements.extend(_import_statements(module, is_package, node))
@@ -162,7 +164,7 @@ def _parse(path: Path, module: str, text: str) -> Module:
         seen[s.label] = seen.get(s.label, 0) + 1
         if seen[s.label] > 1:
             s.label = f"{s.label} ({seen[s.label]})"
-    return Module(module, statements, _imports(module, is_package, tree))
+    return Module(module, statements, imports)
 
 
 def _digest(parts: list[str]) -> str:

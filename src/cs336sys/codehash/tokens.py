@@ -8,8 +8,10 @@ import ast
 import io
 import token
 import tokenize
+from functools import cache
 
 
+@cache  # a module repeats its literals (0, 1, "cuda"): each text is evaluated once a process
 def _canonical_literal(text: str) -> str:
     try:
         return repr(ast.literal_eval(text))
