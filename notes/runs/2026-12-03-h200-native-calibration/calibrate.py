@@ -8,6 +8,7 @@ the 12 blocks checkpointed give its kept block's bytes the same way. One process
 built earlier steps kept memory of theirs: run1/), one round, 1 untimed and 5 timed steps; prints a JSON line.
 
     for c in $(python calibrate.py --list); do python calibrate.py $c; done > calibrate.jsonl
+    python calibrate.py --collect A B ...   # in one process, freed between configs as the job runner frees
 """
 
 import dataclasses
@@ -17,6 +18,7 @@ import time
 
 import torch
 
+from cs336sys.jobs import free_device_memory
 from cs336sys.leaderboard.native import NativeOptions, build_pytorch_native_step
 from cs336sys.leaderboard.proxy import _group_of_one
 from cs336sys.leaderboard.step import LeaderboardSpec, build_leaderboard_step
@@ -45,7 +47,7 @@ CONFIGS = {  # name: (spec settings, native options or None for our entry's step
 }
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], collect: bool = False) -> None:
     device = "cuda:0"
     torch.cuda.set_device(0)  # as the job runner's process_group.init does: the peak counters need it
     with _group_of_one(device):
@@ -71,8 +73,10 @@ def main(names: list[str]) -> None:
                        "policies": getattr(step, "policies", None)}
             except torch.cuda.OutOfMemoryError as e:
                 out = {"config": name, "status": "oom", "reason": str(e).splitlines()[0]}
-            print(json.dumps(out), flush=True)
+            print(json.dumps({**out, "collected": collect}), flush=True)
             step = None
+            if collect:  # gc.collect(), then empty the cache: what jobs.run_point does after every point
+                free_device_memory()
             torch.cuda.empty_cache()
 
 
@@ -80,4 +84,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--list"]:
         print(" ".join(CONFIGS))
     else:
-        main(sys.argv[1:])
+        collect = "--collect" in sys.argv[1:]
+        main([a for a in sys.argv[1:] if a != "--collect"], collect)
