@@ -98,8 +98,10 @@ def _label(node: ast.stmt) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _scan(module: str, is_package: bool, tree: ast.AST) -> tuple[list[tuple[tuple[int, int], tuple[int, int]]],
-                                                                      set[str]]:
+Span = tuple[tuple[int, int], tuple[int, int]]  # (line, column) of a node's start and of its end
+
+
+def _scan(module: str, is_package: bool, tree: ast.AST) -> tuple[list[Span], set[str]]:
     """One walk of `tree`: the spans of its docstrings (`_is_docstring`), in source order, and the package
     modules an import anywhere in it names: `from m import x` names m, and m.x (kept only where m.x is a
     module: the caller checks)."""
